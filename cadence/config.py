@@ -1,0 +1,212 @@
+"""One typed schema for a run, read from YAML plus `a.b=value` overrides.
+
+Everything is validated when the config loads, before a model is read or a
+process started: unknown keys, wrong types, a missing model folder and batch
+arithmetic that cannot work are reported with the field's dotted name and a fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cadence.algo.config import AlgorithmConfig
+from cadence.data.config import TaskConfig
+from cadence.inference.config import EngineConfig
+from cadence.rewards.config import RewardConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("builtin", description="Local Hugging Face checkpoint folder, or 'builtin'.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = Field(16, gt=0, description="Prompts (groups) in one training batch.")
+    group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
+    max_new_tokens: int = Field(8, gt=0, description="Longest response, in tokens.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    stop: list[str] | None = Field(None, description="Stop strings; None = the task's own.")
+    async_ratio: int = Field(
+        0, ge=0, description="alpha: a sample may be trained on while trainer_version - "
+        "sample_version <= alpha. 0 is synchronous training."
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+
+class TrainerConfig(Section):
+    steps: int = Field(200, gt=0, description="Optimizer steps (one batch each).")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
+    mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (PPO-style).")
+    epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR decay after warm-up.")
+    recompute_old_logprobs: Literal["auto", "always"] = Field(
+        "auto", description="Recompute pi_old with a no-grad pass; 'auto' skips it when pi_old "
+        "provably equals pi_theta (fresh samples, one update per batch)."
+    )
+
+
+class RuntimeConfig(Section):
+    kind: Literal["inline"] = Field("inline", description="Where components run ('ray' comes with the async pipeline).")
+    threads: int = Field(0, ge=0, description="torch threads per process; 0 = the process's share of cores.")
+
+
+class LoggingConfig(Section):
+    run_dir: str = Field("runs/{name}", description="Output folder; {name} is replaced by `name`.")
+    name: str = Field("default", description="Run name.")
+    tensorboard: bool = Field(True, description="Write TensorBoard events.")
+    wandb: bool = Field(False, description="Log to Weights & Biases (needs `wandb`).")
+    mlflow: bool = Field(False, description="Log to MLflow (needs `mlflow`).")
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(50, ge=0, description="Save every N steps (0 = only at the end).")
+    keep: int = Field(2, gt=0, description="Checkpoints kept on disk (oldest removed first).")
+
+
+class EvalConfig(Section):
+    before: bool = Field(True, description="Evaluate held-out accuracy before training.")
+    after: bool = Field(True, description="Evaluate held-out accuracy after training.")
+    prompts: int = Field(200, gt=0, description="Held-out prompts.")
+    samples: int = Field(1, gt=0, description="Samples per prompt (k of pass@k).")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy pass@1.")
+
+
+class RunConfig(Section):
+    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _batch_arithmetic(self) -> RunConfig:
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        mini = self.trainer.mini_batches
+        if batch % mini:
+            raise ValueError(
+                f"trainer.mini_batches={mini} does not divide the batch of {batch} sequences "
+                "(rollout.prompts_per_step x rollout.group_size); pick a divisor"
+            )
+        if (batch // mini) % self.trainer.micro_batch_size and self.trainer.micro_batch_size < batch // mini:
+            raise ValueError(
+                f"trainer.micro_batch_size={self.trainer.micro_batch_size} does not divide the "
+                f"mini-batch of {batch // mini} sequences; pick a divisor of {batch // mini}"
+            )
+        if self.algorithm.advantage in ("grpo", "rloo") and self.rollout.group_size < 2:
+            raise ValueError(
+                f"algorithm.advantage={self.algorithm.advantage} compares responses within a group; "
+                "set rollout.group_size to 2 or more"
+            )
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    def run_dir(self) -> Path:
+        return Path(self.logging.run_dir.format(name=self.logging.name))
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the person who wrote the config."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`trainer.lr=3e-4` -> (["trainer", "lr"], 0.0003); values are parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_override(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _explain(err: ValidationError, schema: type[BaseModel]) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key{_suggest(e['loc'], schema)}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {where}: {msg} (got {e.get('input')!r})")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def _suggest(loc: tuple, schema: type[BaseModel]) -> str:
+    """Name the closest valid key, walking the schema along `loc`."""
+    model: Any = schema
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return ""
+        model = field.annotation
+    names = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read YAML (optional), apply dotted overrides, validate everything."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        tree = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    for text in overrides or []:
+        apply_override(tree, *parse_override(text))
+    try:
+        cfg = RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_explain(err, RunConfig)) from None
+    check_paths(cfg)
+    return cfg
+
+
+def check_paths(cfg: RunConfig) -> None:
+    """File-system checks that pydantic cannot do alone; still cheap."""
+    from cadence.models.loading import model_path_problem
+
+    problem = model_path_problem(cfg.model.path)
+    if problem:
+        raise ConfigError(f"invalid config:\n  model.path: {problem}")
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

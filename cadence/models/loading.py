@@ -1,0 +1,66 @@
+"""Load policies and tokenizers from local Hugging Face checkpoints.
+
+`model.path` is either a folder that `AutoModelForCausalLM.from_pretrained`
+reads, or `builtin`, the small arithmetic model shipped inside the package
+(made by `cadence sft`, see `cadence/configs/sft_arith.yaml`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "arith-tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(path: str) -> Path:
+    """Turn `builtin` into the packaged checkpoint; leave other paths as they are."""
+    return BUILTIN_DIR if path == "builtin" else Path(path).expanduser()
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why `path` cannot be loaded as a causal LM checkpoint, or None if it looks fine.
+
+    Cheap (no weights read), so configs are checked before any expensive work.
+    """
+    folder = resolve_model_path(path)
+    if path == "builtin" and not (folder / "config.json").exists():
+        return (
+            f"the built-in model is missing from {folder}; regenerate it with "
+            "`cadence sft --config cadence/configs/sft_arith.yaml`"
+        )
+    if not folder.exists():
+        return f"no such folder {folder}; give a local Hugging Face checkpoint folder or 'builtin'"
+    if not (folder / "config.json").exists():
+        return f"{folder} has no config.json; is it a Hugging Face checkpoint folder (save_pretrained)?"
+    has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+    if not has_weights:
+        return f"{folder} has no *.safetensors or *.bin weights"
+    return None
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer, left-padded, with a pad token (EOS if it has none)."""
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(path: str, dtype: str = "float32") -> PreTrainedModel:
+    """A causal LM in train mode, on CPU, in the requested dtype."""
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype])
+    return model.train()
+
+
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """An eval-mode copy with gradients off (reference policy, engine replica)."""
+    clone = copy.deepcopy(model).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone

@@ -1,0 +1,50 @@
+"""End-of-run artefacts people look at: a reward-curve PNG and a summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("reward/mean", "reward/accuracy")) -> Path:
+    """Reward (and accuracy) against training step, with a moving average."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for key in keys:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if not points:
+            continue
+        steps, values = zip(*points, strict=True)
+        ax.plot(steps, values, alpha=0.3, linewidth=1)
+        window = max(1, len(values) // 20)
+        smooth = [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+        ax.plot(steps, smooth, linewidth=2, label=f"{key} (moving avg {window})")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training batch value")
+    ax.set_title("cadence: reward during training")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def summary_table(rows: list[tuple[str, str]], title: str = "run summary") -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+def print_summary(rows: list[tuple[str, str]], title: str = "run summary") -> None:
+    Console().print(summary_table(rows, title))

@@ -1,0 +1,27 @@
+"""`cadence eval`: held-out accuracy of one checkpoint on a task."""
+
+from __future__ import annotations
+
+from cadence.config import RunConfig
+from cadence.data.tasks import build_task
+from cadence.inference.config import build_engine
+from cadence.inference.types import SamplingParams
+from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
+from cadence.rewards.guard import RewardGuard
+from cadence.rewards.verifiers import build_reward
+from cadence.rollout.evaluate import EvalResult, evaluate
+from cadence.runtime.threads import configure_threads
+
+
+def run_eval(cfg: RunConfig) -> EvalResult:
+    configure_threads(cfg.runtime.threads)
+    tokenizer = load_tokenizer(cfg.model.path)
+    engine = build_engine(cfg.rollout.engine, frozen_copy(load_policy(cfg.model.path)), tokenizer)
+    task = build_task(cfg.task)
+    reward = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
+    stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
+    try:
+        return evaluate(engine, tokenizer, task.prompts("test", cfg.eval.prompts, cfg.seed), reward, params, cfg.eval.samples)
+    finally:
+        reward.close()

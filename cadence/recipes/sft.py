@@ -1,0 +1,117 @@
+"""Supervised warm-up: teach a model a task's answer format from synthetic examples.
+
+This recipe made the built-in model (`model.path=builtin`): a tiny Llama
+trained from scratch on the arithmetic task for a few minutes, stopped early
+on purpose so that RL has room to improve it. Regenerate it with
+`cadence sft --config cadence/configs/sft_arith.yaml`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tqdm import tqdm
+
+from cadence.config import ConfigError, _explain, apply_override, parse_override
+from cadence.data.config import TaskConfig
+from cadence.data.tasks import build_task
+from cadence.models.loading import load_policy, load_tokenizer
+from cadence.models.tiny import char_tokenizer, tiny_model
+from cadence.runtime.threads import configure_threads
+
+
+class SFTModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = Field(None, description="Start from this checkpoint; None = a new tiny model.")
+    arch: Literal["llama", "qwen2"] = Field("llama", description="Architecture of a new tiny model.")
+    hidden_size: int = Field(128, gt=0)
+    layers: int = Field(4, gt=0)
+    heads: int = Field(4, gt=0)
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seed: int = 0
+    model: SFTModelConfig = Field(default_factory=SFTModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    examples: int = Field(20000, gt=0, description="Synthetic training examples.")
+    steps: int = Field(300, gt=0, description="Optimizer steps.")
+    batch_size: int = Field(64, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    output: str = Field("runs/sft", description="Folder for the trained checkpoint.")
+    threads: int = Field(0, ge=0, description="torch threads; 0 = all cores.")
+
+
+def load_sft_config(path: str | None, overrides: list[str]) -> SFTConfig:
+    tree = yaml.safe_load(Path(path).read_text()) if path else {}
+    for text in overrides:
+        apply_override(tree, *parse_override(text))
+    try:
+        return SFTConfig.model_validate(tree or {})
+    except ValidationError as err:
+        raise ConfigError(_explain(err, SFTConfig)) from None
+
+
+def encode_examples(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
+    """Token ids of prompt + completion, and where the completion starts."""
+    out = []
+    for prompt, completion in pairs:
+        p = tokenizer(prompt).input_ids
+        c = tokenizer(completion, add_special_tokens=False).input_ids
+        out.append((p + c, len(p)))
+    return out
+
+
+def make_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)  # loss on completion tokens only
+    for i, (seq, start) in enumerate(rows):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        labels[i, start : len(seq)] = torch.tensor(seq[start:])
+    return ids, attn, labels
+
+
+def sft(cfg: SFTConfig) -> Path:
+    configure_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if cfg.model.path:
+        tokenizer, model = load_tokenizer(cfg.model.path), load_policy(cfg.model.path)
+    else:
+        tokenizer = char_tokenizer()
+        model = tiny_model(
+            cfg.model.arch, cfg.seed, hidden_size=cfg.model.hidden_size, layers=cfg.model.layers, heads=cfg.model.heads
+        ).train()
+    task = build_task(cfg.task)
+    if not hasattr(task, "sft_examples"):
+        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use the 'arith' task")
+    data = encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / cfg.steps))
+    start = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc="sft", dynamic_ncols=True)
+    for _ in bar:
+        ids, attn, labels = make_batch(rng.sample(data, cfg.batch_size), tokenizer.pad_token_id)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "sft_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    print(f"saved {out} after {cfg.steps} steps in {time.perf_counter() - start:.0f} s")
+    return out

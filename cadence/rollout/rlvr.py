@@ -1,0 +1,111 @@
+"""RLVR rollout: prompts in, scored response groups out (queue scheduling).
+
+Every response is its own engine request (prompt replication: a prompt that
+needs n answers becomes n one-answer requests), the engine's continuous batch
+takes new requests as soon as slots free up, and each response is scored the
+moment it finishes. A group goes to the buffer when its last response is in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from cadence.data.tasks import Prompt
+from cadence.inference.types import GenRequest, GenResult, InferenceEngine, SamplingParams
+from cadence.rewards.guard import RewardGuard
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.sample import Group, Sample
+
+
+@dataclass
+class RolloutStats:
+    seconds: float = 0.0
+    samples: int = 0
+    response_tokens: int = 0
+    reward_errors: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class RLVRRollout:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: PromptStream,
+        reward: RewardGuard,
+        params: SamplingParams,
+        group_size: int,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.reward = reward
+        self.params = params
+        self.group_size = group_size
+        self._next_group_id = 0
+        self._encoded: dict[str, list[int]] = {}
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        ids = self._encoded.get(prompt.id)
+        if ids is None:
+            ids = self.tokenizer(prompt.text).input_ids
+            self._encoded[prompt.id] = ids
+        return ids
+
+    def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
+        """Generate and score `num_groups` groups into `buffer`."""
+        start = time.perf_counter()
+        stats = RolloutStats()
+        pending: dict[int, tuple[Prompt, Group]] = {}
+        for _ in range(num_groups):
+            prompt = self.prompts.next()
+            group = Group(group_id=self._next_group_id, prompt_id=prompt.id)
+            pending[group.group_id] = (prompt, group)
+            self._next_group_id += 1
+            ids = self.encode(prompt)
+            for j in range(self.group_size):
+                self.engine.add_request(
+                    GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self.params)
+                )
+        while pending:
+            finished = self.engine.step()
+            if finished:
+                self._score_into(finished, pending, buffer, stats)
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+    def _score_into(
+        self,
+        results: list[GenResult],
+        pending: dict[int, tuple[Prompt, Group]],
+        buffer: SampleBuffer,
+        stats: RolloutStats,
+    ) -> None:
+        owners = [pending[int(r.request_id.split("/")[0])] for r in results]
+        outcomes = self.reward.score([(prompt, r.text) for (prompt, _), r in zip(owners, results, strict=True)])
+        for (_, group), r, outcome in zip(owners, results, outcomes, strict=True):
+            group.samples.append(
+                Sample(
+                    prompt_id=group.prompt_id,
+                    group_id=group.group_id,
+                    prompt_ids=list(r.prompt_ids),
+                    response_ids=list(r.token_ids),
+                    behaviour_logprobs=list(r.logprobs),
+                    reward=outcome.reward,
+                    version=r.version,
+                    finish_reason=r.finish_reason,
+                    response_text=r.text,
+                    reward_error=outcome.error,
+                )
+            )
+            stats.samples += 1
+            stats.response_tokens += len(r.token_ids)
+            stats.reward_errors += outcome.error is not None
+            stats.finish_reasons[r.finish_reason] = stats.finish_reasons.get(r.finish_reason, 0) + 1
+            if len(group.samples) == self.group_size:
+                buffer.put(group)
+                del pending[group.group_id]

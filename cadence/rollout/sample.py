@@ -1,0 +1,39 @@
+"""What rollout hands the trainer: scored responses, grouped by prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One response to one prompt, with what the trainer needs to learn from it."""
+
+    prompt_id: str
+    group_id: int  # responses to the same prompt in the same step share it
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]  # log mu(token) from the inference engine
+    reward: float
+    version: int  # policy version that started generating this response
+    finish_reason: str
+    response_text: str = ""
+    reward_error: str | None = None
+
+
+@dataclass
+class Group:
+    """All responses to one prompt; the unit GRPO-style advantages need."""
+
+    group_id: int
+    prompt_id: str
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version among its responses: staleness is judged by it."""
+        return min(s.version for s in self.samples)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]

@@ -1,0 +1,65 @@
+"""Turn sample groups into padded tensors aligned for next-token log-probs.
+
+Position t of every [B, L-1] tensor describes the token at input position
+t+1, the one predicted by logits[:, t]. `mask` is 1 where that token is part
+of a response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from cadence.rollout.sample import Group, Sample
+
+
+@dataclass
+class TrainBatch:
+    input_ids: Tensor  # [B, L] prompt + response, right-padded
+    attention_mask: Tensor  # [B, L]
+    mask: Tensor  # [B, L-1] float, 1 on response tokens
+    behaviour_logprobs: Tensor  # [B, L-1]
+    rewards: Tensor  # [B]
+    group_ids: Tensor  # [B]
+    versions: Tensor  # [B] policy version that started each sample
+    response_start: Tensor  # [B] index in [L-1] space of the first response token
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: Tensor | slice) -> TrainBatch:
+        return TrainBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+
+def flatten(groups: list[Group]) -> list[Sample]:
+    return [s for g in groups for s in g.samples]
+
+
+def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    width = max(lengths)
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width - 1))
+    behaviour = torch.zeros((n, width - 1))
+    start = torch.zeros(n, dtype=torch.long)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[i, : p + r] = 1
+        mask[i, p - 1 : p - 1 + r] = 1.0
+        behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        start[i] = p - 1
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        mask=mask,
+        behaviour_logprobs=behaviour,
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        response_start=start,
+    )

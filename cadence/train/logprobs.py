@@ -1,0 +1,44 @@
+"""Token log-probs and entropies of a causal LM, the way the engine samples.
+
+Logits are divided by the sampling temperature before the softmax, so that
+the trainer's log pi_theta and the engine's behaviour log mu describe the same
+distribution (T = 1 for greedy decoding).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+
+def forward_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Logits [B, L-1, V] predicting tokens 1..L-1 (right-padded inputs)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return out.logits[:, :-1].float()
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
+    """log p(x_{t+1} | x_<=t) for every position: [B, L-1]."""
+    scaled = logits / (temperature if temperature > 0 else 1.0)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def token_entropy(logits: Tensor, temperature: float) -> Tensor:
+    """Entropy of the sampling distribution at every position: [B, L-1]."""
+    scaled = logits / (temperature if temperature > 0 else 1.0)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, temperature: float, micro: int
+) -> Tensor:
+    """No-grad log-probs over a whole batch, `micro` rows at a time."""
+    parts = []
+    for i in range(0, input_ids.shape[0], micro):
+        logits = forward_logits(model, input_ids[i : i + micro], attention_mask[i : i + micro])
+        parts.append(token_logprobs(logits, input_ids[i : i + micro], temperature))
+    return torch.cat(parts)

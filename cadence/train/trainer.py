@@ -1,0 +1,192 @@
+"""The policy trainer: advantages, policy loss, optimizer step, new version.
+
+One `step(groups)` consumes one rollout batch:
+  1. collate groups into tensors;
+  2. pi_old: recomputed by a no-grad pass unless it provably equals pi_theta
+     (fresh samples, a single update per batch); pi_ref when KL is on;
+  3. advantages from rewards (and group ids);
+  4. `epochs` x `mini_batches` optimizer updates, each accumulated over
+     micro-batches whose losses sum exactly to the mini-batch loss;
+  5. version += 1, so the next weight sync tags new samples with it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from transformers import PreTrainedModel
+
+from cadence.algo.advantages import compute_advantages
+from cadence.algo.config import AlgorithmConfig
+from cadence.algo.kl import kl_estimate
+from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.config import TrainerConfig
+from cadence.models.loading import frozen_copy
+from cadence.rollout.sample import Group
+from cadence.train.batch import TrainBatch, collate, flatten
+from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
+
+
+def lr_lambda(cfg: TrainerConfig):
+    """Multiplier on the base LR at optimizer step `i` (linear warm-up, then decay)."""
+
+    def factor(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / cfg.warmup_steps
+        total = max(1, cfg.steps * cfg.mini_batches * cfg.epochs - cfg.warmup_steps)
+        progress = min(1.0, (i - cfg.warmup_steps) / total)
+        if cfg.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if cfg.schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return factor
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        trainer_cfg: TrainerConfig,
+        algo_cfg: AlgorithmConfig,
+        temperature: float,
+        pad_id: int,
+        reference: PreTrainedModel | None = None,
+    ) -> None:
+        self.policy = policy.train()
+        self.cfg = trainer_cfg
+        self.algo = algo_cfg
+        self.temperature = temperature
+        self.pad_id = pad_id
+        self.version = 0
+        # The KL anchor is the starting policy; pass it in when resuming from a later checkpoint.
+        if algo_cfg.kl.coef > 0 and reference is None:
+            reference = frozen_copy(policy)
+        self.reference = reference if algo_cfg.kl.coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            [p for p in policy.parameters() if p.requires_grad],
+            lr=trainer_cfg.lr,
+            betas=trainer_cfg.betas,
+            weight_decay=trainer_cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_cfg))
+
+    # -- one rollout batch -------------------------------------------------
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = collate(flatten(groups), self.pad_id)
+        old_logprobs = self._old_logprobs(batch)
+        ref_logprobs = self._ref_logprobs(batch)
+        adv = compute_advantages(self.algo, batch.rewards, batch.group_ids, batch.mask)
+        metrics: dict[str, float] = {}
+        updates = 0
+        for _ in range(self.cfg.epochs):
+            order = torch.randperm(len(batch))
+            for rows in order.chunk(self.cfg.mini_batches):
+                m = self._update(batch.select(rows), adv.advantages[rows], old_logprobs, ref_logprobs, rows)
+                for k, v in m.items():
+                    metrics[k] = metrics.get(k, 0.0) + v
+                updates += 1
+        metrics = {k: v / updates for k, v in metrics.items()}
+        self.version += 1
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["train/seconds"] = time.perf_counter() - start
+        metrics["train/staleness_mean"] = float((self.version - 1 - batch.versions).float().mean())
+        metrics["train/staleness_max"] = float((self.version - 1 - batch.versions).max())
+        return metrics
+
+    def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
+        if self.cfg.recompute_old_logprobs == "always":
+            return True
+        repeated = self.cfg.epochs > 1 or self.cfg.mini_batches > 1
+        stale = bool((batch.versions < self.version).any())
+        return repeated or stale
+
+    def _old_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """pi_old for the ratio; None means "pi_theta itself, detached"."""
+        if not self._needs_old_logprobs(batch):
+            return None
+        self.policy.eval()  # dropout off: pi_old must be a deterministic function of the weights
+        old = batched_logprobs(
+            self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size
+        )
+        self.policy.train()
+        return old
+
+    def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        return batched_logprobs(
+            self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size
+        )
+
+    def _update(
+        self,
+        mini: TrainBatch,
+        advantages: torch.Tensor,
+        old_all: torch.Tensor | None,
+        ref_all: torch.Tensor | None,
+        rows: torch.Tensor,
+    ) -> dict[str, float]:
+        """One optimizer update over a mini-batch, accumulated over micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = float(mini.mask.sum().clamp(min=1))
+        seqs = float(len(mini))
+        sums: dict[str, float] = {}
+        micro = self.cfg.micro_batch_size
+        for i in range(0, len(mini), micro):
+            part = mini.select(slice(i, i + micro))
+            sel = rows[i : i + micro]
+            logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
+            logprobs = token_logprobs(logits, part.input_ids, self.temperature)
+            old = old_all[sel] if old_all is not None else logprobs.detach()
+            out = compute_policy_loss(
+                PolicyLossInputs(
+                    logprobs=logprobs,
+                    old_logprobs=old,
+                    behaviour_logprobs=part.behaviour_logprobs,
+                    advantages=advantages[i : i + micro],
+                    mask=part.mask,
+                    sequence_rewards=part.rewards,
+                ),
+                self.algo,
+                token_denominator=tokens,
+                seq_denominator=seqs,
+            )
+            loss = out.loss
+            entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
+            mean_entropy = (entropy * part.mask).sum() / tokens
+            if self.algo.entropy_coef > 0:
+                loss = loss - self.algo.entropy_coef * mean_entropy
+            if ref_all is not None:
+                kl = (kl_estimate(logprobs, ref_all[sel], self.algo.kl.estimator) * part.mask).sum() / tokens
+                if self.algo.kl.mode == "loss":
+                    loss = loss + self.algo.kl.coef * kl
+                sums["train/kl_ref"] = sums.get("train/kl_ref", 0.0) + float(kl)
+            loss.backward()
+            share = len(part) / seqs  # loss-term metrics are already normalised by the mini-batch
+            for k, v in out.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * share
+            sums["train/loss"] = sums.get("train/loss", 0.0) + float(loss)
+            sums["train/entropy"] = sums.get("train/entropy", 0.0) + float(mean_entropy)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        sums["train/grad_norm"] = float(grad_norm)
+        return sums
+
+    # -- state for checkpoints ----------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = int(state["version"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

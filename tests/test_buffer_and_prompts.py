@@ -1,0 +1,60 @@
+"""The sample buffer's freshness rule and the resumable prompt stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.data.tasks import Prompt
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.sample import Group, Sample
+
+
+def group(gid: int, version: int, n: int = 2) -> Group:
+    g = Group(group_id=gid, prompt_id=f"p{gid}")
+    g.samples = [Sample(f"p{gid}", gid, [1], [2], [-0.1], 1.0, version, "stop") for _ in range(n)]
+    return g
+
+
+def test_sync_buffer_drops_every_older_version():
+    buf = SampleBuffer(async_ratio=0)
+    buf.put(group(0, version=0))
+    buf.put(group(1, version=1))
+    out = buf.get_batch(1, trainer_version=1, timeout=0)
+    assert [g.group_id for g in out] == [1]
+    assert buf.dropped_groups == 1 and buf.dropped_samples == 2
+
+
+def test_async_ratio_keeps_groups_within_alpha():
+    buf = SampleBuffer(async_ratio=2)
+    for v in range(5):
+        buf.put(group(v, version=v))
+    out = buf.get_batch(3, trainer_version=4, timeout=0)
+    assert [g.version for g in out] == [2, 3, 4]
+    assert all(4 - g.version <= 2 for g in out)
+    assert buf.dropped_groups == 2
+
+
+def test_group_version_is_its_oldest_sample():
+    g = group(0, version=3)
+    g.samples[1].version = 1
+    assert g.version == 1
+
+
+def test_get_batch_times_out_when_short():
+    buf = SampleBuffer(async_ratio=0)
+    with pytest.raises(TimeoutError):
+        buf.get_batch(1, trainer_version=0, timeout=0.01)
+
+
+def test_prompt_stream_resumes_exactly():
+    prompts = [Prompt(id=str(i), text=f"{i}+0=", answer=str(i), meta={}) for i in range(7)]
+    a = PromptStream(prompts, seed=3)
+    first = [a.next().id for _ in range(10)]
+    b = PromptStream(prompts, seed=3)
+    b.load_state_dict(a.state_dict())
+    rest_a = [a.next().id for _ in range(9)]
+    rest_b = [b.next().id for _ in range(9)]
+    assert rest_a == rest_b
+    # each epoch is a permutation of all prompts
+    assert sorted(first[:7]) == sorted(p.id for p in prompts)
