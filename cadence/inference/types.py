@@ -1,0 +1,129 @@
+"""What goes into and comes out of an inference engine, and the engine protocol.
+
+Every engine (embedded, vLLM, mock) speaks these types, so the rollout loop,
+the hub and the trainer never care which one is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one response.
+
+    temperature 0 means greedy. top_p < 1 samples from the smallest set of
+    tokens whose probability reaches top_p. A response ends at EOS (unless
+    ignore_eos), when its decoded text contains one of `stop`, or after
+    max_new_tokens tokens.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass
+class GenRequest:
+    """One prompt to complete.
+
+    `version` is the policy version the sample is credited to (for
+    staleness); None lets the engine fill in its version when it starts
+    generating.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    version: int | None = None
+
+
+@dataclass
+class GenResult:
+    """A finished (or aborted) response.
+
+    token_ids include the token that completed a stop string and the EOS
+    token; `text` is the decoded response cut before the stop string, without
+    special tokens.
+
+    logprobs[i] is the behaviour log-prob of token_ids[i]:
+    log_softmax(logits / T)[token] with T the request's temperature, or T = 1
+    for greedy requests. It is not renormalised over the top-p nucleus. The
+    trainer must compute its log-probs with the same temperature for
+    importance ratios to be right.
+
+    `version` is the policy version when the request started, `finish_version`
+    the version when it ended (they differ when weights were updated while it
+    was in flight).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    text: str
+    version: int
+    finish_version: int
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """One model replica that generates with continuous batching.
+
+    The engine is driven from one thread: `step()` does a bounded amount of
+    work (admit waiting requests, one decode step) so a caller can interleave
+    it with aborts and weight updates between steps.
+    """
+
+    version: int
+
+    def add_request(self, req: GenRequest) -> None:
+        """Queue a request; it joins the running batch at the next step."""
+        ...
+
+    def step(self) -> list[GenResult]:
+        """Admit waiting requests, decode one token for each running one, return the finished."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        ...
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """Run until all `reqs` are done; results in request order."""
+        ...
+
+    def abort(self, request_id: str) -> GenResult | None:
+        """Stop a request now; its partial result (finish_reason "abort"), or None if unknown."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Load new policy weights in place and tag later tokens with `version`."""
+        ...
+
+    def load(self) -> int:
+        """Number of running plus waiting requests (for least-loaded routing)."""
+        ...
+
+    def stats(self) -> dict:
+        """Counters: tokens generated, decode steps, busy seconds, ..."""
+        ...

@@ -1,0 +1,245 @@
+"""actor_attn: an eager-attention copy of the policy that reads its own attention maps.
+
+Attention-rhythm credit (SPEC section 3, `cadence.algo.rhythm`) needs the
+softmax attention maps of a few middle layers over prompt + response. Fused
+kernels (SDPA, flash) never materialise them, so we keep a separate eval copy
+of the policy with `attn_implementation="eager"`, sync its weights from the
+trainer like the inference engine's, and run it once per generated sample.
+
+Memory stays bounded for long sequences:
+- `output_attentions=True` in transformers 5 records the maps of *every* layer
+  (L x [B, H, N, N]). We instead hook the `self_attn` modules of the selected
+  layers only; an eager layer still builds its map transiently, but only the
+  selected ones are kept.
+- The forward stops right after the last selected layer (the layers above it
+  and the LM head cannot change the maps), which also saves their compute.
+- `maps(..., query_start=p)` keeps only the response rows [p:, :], which is all
+  the rhythm metrics read.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from functools import partial
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from cadence.algo.rhythm import (
+    RhythmConfig,
+    class_maps,
+    classify_heads,
+    credit_selection,
+    fai,
+    head_spans,
+    select_layers,
+    waad,
+)
+
+
+class _StopForward(Exception):
+    """Raised by the last capture hook: nothing above that layer changes the captured maps."""
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The stack of decoder blocks of a Hugging Face causal LM (each with a `self_attn`)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not all(hasattr(b, "self_attn") for b in layers):
+        raise TypeError(
+            f"{type(model).__name__}: cannot find decoder layers with a self_attn module"
+        )
+    return layers
+
+
+class ActorAttention:
+    """An eval, eager-attention copy of the policy that returns selected layers' attention maps.
+
+    `model_or_path` is a loaded policy (deep-copied, so the trainer's model is
+    untouched) or a checkpoint path. `layers` evenly spaced layers are read in
+    [floor(L/3), floor(2L/3)] (fewer when the model is too shallow; see
+    `select_layers`). Pass `RhythmConfig.layers` here.
+    """
+
+    def __init__(
+        self,
+        model_or_path: PreTrainedModel | str | os.PathLike,
+        layers: int = 5,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        if isinstance(model_or_path, (str, os.PathLike)):
+            kwargs = {"attn_implementation": "eager"}
+            if dtype is not None:
+                kwargs["dtype"] = dtype
+            model = AutoModelForCausalLM.from_pretrained(str(model_or_path), **kwargs)
+        else:
+            model = copy.deepcopy(model_or_path)
+            model.set_attn_implementation("eager")
+            if dtype is not None:
+                model.to(dtype)
+        if device is not None:
+            model.to(device)
+        self.model = model.eval().requires_grad_(False)
+        self.version = 0
+
+        decoder = _decoder_layers(self.model)
+        self.layer_ids = select_layers(len(decoder), layers)
+        self._captured: list[torch.Tensor | None] | None = None  # None: hooks idle
+        self._query_start = 0
+        for slot, idx in enumerate(self.layer_ids):
+            decoder[idx].self_attn.register_forward_hook(partial(self._capture, slot))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _capture(self, slot: int, module: nn.Module, args: tuple, output: tuple) -> None:
+        """Forward hook on a selected self_attn: keep its (query-sliced) weights, stop after the last."""
+        if self._captured is None:
+            return
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError(
+                "attention module returned no weights: the model must run with "
+                f"attn_implementation='eager' (has {self.model.config._attn_implementation!r})"
+            )
+        rows = weights[..., self._query_start :, :]
+        self._captured[slot] = rows.float().clone() if self._query_start else rows.float()
+        if slot == len(self.layer_ids) - 1:
+            raise _StopForward
+
+    # ------------------------------------------------------------------
+    # Weights
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy the trainer's weights in (same architecture; tensors are copied, not shared)."""
+        self.model.load_state_dict(state_dict, strict=strict)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Sync to the trainer's policy `version`, like the inference engine's weight sync."""
+        self.load_state_dict(state_dict)
+        self.version = version
+
+    # ------------------------------------------------------------------
+    # Maps
+
+    def maps(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        query_start: int = 0,
+    ) -> torch.Tensor:
+        """Attention maps of the selected layers, float32 and detached.
+
+        input_ids [N] -> [layers, H, N - query_start, N]; [B, N] -> [B, layers, H, N - query_start, N].
+        Row i is the query at position query_start + i. With left padding and an
+        attention_mask the rows and columns of pad positions are meaningless;
+        right padding needs no mask at all, since causal rows never see later pads.
+        """
+        single = input_ids.dim() == 1
+        ids = input_ids.unsqueeze(0) if single else input_ids
+        if attention_mask is not None and attention_mask.dim() == 1:
+            attention_mask = attention_mask.unsqueeze(0)
+        if not 0 <= query_start < ids.shape[1]:
+            raise ValueError(
+                f"query_start {query_start} outside a sequence of length {ids.shape[1]}"
+            )
+        device = self.device
+        ids = ids.to(device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device)
+
+        self._captured = [None] * len(self.layer_ids)
+        self._query_start = query_start
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=ids, attention_mask=attention_mask, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            captured, self._captured = self._captured, None
+        out = torch.stack(captured, dim=1)  # [B, layers, H, rows, N]
+        return out[0] if single else out
+
+    # ------------------------------------------------------------------
+    # Credit
+
+    def token_credit(
+        self, prompt_ids: torch.Tensor, response_ids: torch.Tensor, cfg: RhythmConfig
+    ) -> tuple[torch.Tensor, dict]:
+        """Gammas [R] for one sample: maps -> head classes -> WAAD / FAI -> credit rule.
+
+        info holds waad, fai, delta, spans, the local/global head indices, the
+        selected token masks (local, anchors, dominated, introducer), the layers
+        read and the weight version, all on CPU.
+        """
+        p = prompt_ids.numel()
+        ids = torch.cat([prompt_ids.flatten(), response_ids.flatten()]).to(self.device)
+        return _credit_from_maps(self.maps(ids, query_start=p), p, cfg, self)
+
+    def token_credit_batch(
+        self,
+        prompts: list[torch.Tensor],
+        responses: list[torch.Tensor],
+        cfg: RhythmConfig,
+        micro_batch: int = 8,
+        pad_id: int = 0,
+    ) -> list[tuple[torch.Tensor, dict]]:
+        """`token_credit` for many samples, `micro_batch` sequences per forward.
+
+        Sequences are right-padded: causal rows never attend to later pad
+        tokens, so each sample's maps equal its unpadded maps and no attention
+        mask is needed. Peak memory: micro_batch x layers x H x rows x N floats.
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        results: list[tuple[torch.Tensor, dict]] = []
+        for lo in range(0, len(prompts), micro_batch):
+            chunk = [
+                (p.flatten(), r.flatten())
+                for p, r in zip(
+                    prompts[lo : lo + micro_batch], responses[lo : lo + micro_batch], strict=True
+                )
+            ]
+            seqs = [torch.cat([p, r]) for p, r in chunk]
+            n_max = max(s.numel() for s in seqs)
+            q0 = min(p.numel() for p, _ in chunk)
+            ids = torch.full((len(seqs), n_max), pad_id, dtype=torch.long)
+            for row, s in enumerate(seqs):
+                ids[row, : s.numel()] = s
+            maps = self.maps(ids, query_start=q0)  # [b, layers, H, n_max - q0, n_max]
+            for row, (p, s) in enumerate(zip(chunk, seqs, strict=True)):
+                n, start = s.numel(), p[0].numel()
+                sample = maps[row, :, :, start - q0 : n - q0, :n]
+                results.append(_credit_from_maps(sample, start, cfg, self))
+        return results
+
+
+def _credit_from_maps(
+    maps: torch.Tensor, response_start: int, cfg: RhythmConfig, actor: ActorAttention
+) -> tuple[torch.Tensor, dict]:
+    """Rhythm credit from one sample's response-row maps [layers, H, R, N]."""
+    spans = head_spans(maps, response_start)
+    local_idx, global_idx = classify_heads(spans, cfg.head_fraction)
+    a_loc, a_glob = class_maps(maps, local_idx, global_idx)
+    w = waad(a_loc, response_start, cfg.window)
+    f = fai(a_glob, response_start, cfg.fai_min, cfg.fai_max)
+    sel = credit_selection(w, f, cfg)
+    info = {
+        "waad": w.cpu(),
+        "fai": f.cpu(),
+        "delta": sel.delta.cpu(),
+        "spans": spans.cpu(),
+        "local_heads": local_idx.cpu(),
+        "global_heads": global_idx.cpu(),
+        "local": sel.local.cpu(),
+        "anchors": sel.anchors.cpu(),
+        "dominated": sel.dominated.cpu(),
+        "introducer": sel.introducer.cpu(),
+        "layers": list(actor.layer_ids),
+        "version": actor.version,
+    }
+    return sel.gamma.cpu(), info

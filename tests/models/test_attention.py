@@ -1,0 +1,140 @@
+"""actor_attn: captured maps of selected layers, weight sync, credit on a tiny Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.algo.rhythm import RhythmConfig
+from cadence.models.attention import ActorAttention, _decoder_layers
+from cadence.models.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def policy6():
+    """A 6-layer tiny Llama (SDPA, like a trainer's policy)."""
+    return tiny_model(layers=6, hidden_size=64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def actor6(policy6) -> ActorAttention:
+    return ActorAttention(policy6)
+
+
+def ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, 250, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_copy_is_eager_and_policy_untouched(policy6, actor6) -> None:
+    assert actor6.model is not policy6
+    assert actor6.model.config._attn_implementation == "eager"
+    assert policy6.config._attn_implementation == "sdpa"
+    assert actor6.layer_ids == [2, 3, 4]  # L = 6: the range [2, 4] holds only 3 layers
+    assert not any(p.requires_grad for p in actor6.model.parameters())
+
+
+def test_maps_equal_output_attentions_of_same_layers(actor6) -> None:
+    x = ids(33)
+    maps = actor6.maps(x)
+    assert maps.shape == (3, 4, 33, 33) and maps.dtype == torch.float32
+    assert not maps.requires_grad
+    with torch.no_grad():
+        full = actor6.model(x[None], output_attentions=True).attentions
+    assert len(full) == 6  # what the hooks avoid keeping
+    for slot, layer in enumerate(actor6.layer_ids):
+        assert torch.allclose(maps[slot], full[layer][0], atol=1e-6)
+    assert torch.allclose(maps.sum(-1), torch.ones(3, 4, 33), atol=1e-5)
+    upper = torch.ones(33, 33, dtype=torch.bool).triu(1)
+    assert (maps[..., upper] == 0).all()  # causal
+
+
+def test_response_rows_and_right_padded_batch(actor6) -> None:
+    a, b = ids(20, seed=1), ids(31, seed=2)
+    whole_a, whole_b = actor6.maps(a), actor6.maps(b)
+    assert torch.equal(actor6.maps(b, query_start=12), whole_b[:, :, 12:])
+    batch = torch.zeros(2, 31, dtype=torch.long)
+    batch[0, :20], batch[1] = a, b
+    maps = actor6.maps(batch)
+    assert maps.shape == (2, 3, 4, 31, 31)
+    # Right padding needs no mask: causal rows never see the pads after them.
+    assert torch.allclose(maps[0, :, :, :20, :20], whole_a, atol=1e-6)
+    assert torch.allclose(maps[1], whole_b, atol=1e-6)
+
+
+def test_stops_after_last_selected_layer(actor6) -> None:
+    """Layers above the last selected one (and the LM head) never run."""
+    calls = []
+    decoder = _decoder_layers(actor6.model)
+    handles = [decoder[i].register_forward_hook(lambda *_, i=i: calls.append(i)) for i in range(6)]
+    handles.append(actor6.model.lm_head.register_forward_hook(lambda *_: calls.append("head")))
+    try:
+        actor6.maps(ids(10))
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == [0, 1, 2, 3]  # layer 4's attention ran, then the forward stopped
+    # A plain forward afterwards is unaffected by the idle hooks.
+    with torch.no_grad():
+        assert actor6.model(ids(10)[None]).logits.shape == (1, 10, 260)
+
+
+def test_five_layers_of_a_deep_model() -> None:
+    actor = ActorAttention(tiny_model(layers=15, hidden_size=32, heads=2), layers=5)
+    assert actor.layer_ids == [5, 6, 8, 9, 10]
+    assert actor.maps(ids(12)).shape == (5, 2, 12, 12)
+
+
+def test_loads_from_path(tiny_llama_dir) -> None:
+    actor = ActorAttention(tiny_llama_dir)
+    assert actor.model.config._attn_implementation == "eager"
+    assert actor.layer_ids == [0, 1]  # L = 2: both layers
+    maps = actor.maps(ids(9), attention_mask=torch.ones(9, dtype=torch.long))
+    assert maps.shape == (2, 4, 9, 9)
+    assert torch.allclose(maps.sum(-1), torch.ones(2, 4, 9), atol=1e-5)
+
+
+def test_update_weights_changes_maps(policy6) -> None:
+    actor = ActorAttention(policy6)
+    x = ids(16)
+    before = actor.maps(x)
+    other = tiny_model(layers=6, hidden_size=64, seed=7)
+    actor.update_weights(other.state_dict(), version=3)
+    assert actor.version == 3
+    after = actor.maps(x)
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, ActorAttention(other).maps(x), atol=1e-6)
+    actor.update_weights(policy6.state_dict(), version=4)
+    assert torch.allclose(actor.maps(x), before, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["none", "local", "global", "coupled"])
+def test_token_credit(actor6, mode: str) -> None:
+    cfg = RhythmConfig(credit=mode, fai_min=2, fai_max=12)
+    prompt, response = ids(8, seed=3), ids(30, seed=4)
+    gamma, info = actor6.token_credit(prompt, response, cfg)
+    assert gamma.shape == info["waad"].shape == info["fai"].shape == (30,)
+    assert torch.isfinite(gamma).all() and (gamma >= 1).all()
+    assert info["layers"] == [2, 3, 4] and info["spans"].shape == (3, 4)
+    assert len(info["local_heads"]) == len(info["global_heads"]) == 3  # floor(0.3 * 12)
+    if mode == "none":
+        assert (gamma == 1).all()
+    elif mode == "local":
+        assert info["local"].sum() <= 12 and (gamma > 1).sum() == info["local"].sum()
+    else:
+        assert 0 < info["anchors"].sum() <= 12  # ceil(0.4 * 30)
+    # R = 1 and a response shorter than the windows stay finite.
+    for r in [1, 3]:
+        g, _ = actor6.token_credit(prompt, response[:r], RhythmConfig(credit=mode))
+        assert g.shape == (r,) and torch.isfinite(g).all()
+
+
+def test_token_credit_batch_matches_single(actor6) -> None:
+    cfg = RhythmConfig(credit="coupled", fai_min=2, fai_max=12)
+    prompts = [ids(5, seed=10), ids(9, seed=11), ids(3, seed=12)]
+    responses = [ids(20, seed=13), ids(7, seed=14), ids(26, seed=15)]
+    batch = actor6.token_credit_batch(prompts, responses, cfg, micro_batch=2)
+    for (g, info), p, r in zip(batch, prompts, responses, strict=True):
+        g1, info1 = actor6.token_credit(p, r, cfg)
+        assert torch.allclose(info["waad"], info1["waad"], atol=1e-5)
+        assert torch.allclose(info["fai"], info1["fai"], atol=1e-5)
+        assert torch.equal(g, g1)
