@@ -81,9 +81,10 @@ class CheckpointConfig(Section):
 
 
 class EvalConfig(Section):
+    """Held-out evaluation on the task's test split (`task.test_size` prompts)."""
+
     before: bool = Field(True, description="Evaluate held-out accuracy before training.")
     after: bool = Field(True, description="Evaluate held-out accuracy after training.")
-    prompts: int = Field(200, gt=0, description="Held-out prompts.")
     samples: int = Field(1, gt=0, description="Samples per prompt (k of pass@k).")
     temperature: float = Field(0.0, ge=0, description="0 = greedy pass@1.")
 

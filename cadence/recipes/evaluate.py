@@ -22,6 +22,6 @@ def run_eval(cfg: RunConfig) -> EvalResult:
     stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
     try:
-        return evaluate(engine, tokenizer, task.prompts("test", cfg.eval.prompts, cfg.seed), reward, params, cfg.eval.samples)
+        return evaluate(engine, tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
     finally:
         reward.close()

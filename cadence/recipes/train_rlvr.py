@@ -62,8 +62,10 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     policy = load_policy(cfg.model.path, cfg.model.dtype)
     task = build_task(cfg.task)
     reward = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
-    stream = PromptStream(task.prompts("train", cfg.task.train_size, cfg.seed), cfg.seed)
-    test_prompts = task.prompts("test", cfg.eval.prompts, cfg.seed)
+    # Exactly the prompts this run will use, so the stream's cursor pins down the data order.
+    needed = cfg.trainer.steps * cfg.rollout.prompts_per_step
+    stream = PromptStream(task.prompts("train", needed, cfg.seed), cfg.seed)
+    test_prompts = task.prompts("test", cfg.task.test_size, cfg.seed)
     stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,

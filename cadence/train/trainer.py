@@ -20,13 +20,18 @@ from transformers import PreTrainedModel
 
 from cadence.algo.advantages import compute_advantages
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.kl import kl_estimate
+from cadence.algo.aggregation import batch_denominators
 from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
+
+
+# compute_policy_loss metrics that are sums over micro-batches (each already divided by the
+# mini-batch denominators); every other metric is a per-token average.
+ADDITIVE_METRICS = {"loss", "pg_loss", "kl_ref", "entropy", "response_tokens"}
 
 
 def lr_lambda(cfg: TrainerConfig):
@@ -133,8 +138,7 @@ class PolicyTrainer:
     ) -> dict[str, float]:
         """One optimizer update over a mini-batch, accumulated over micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = float(mini.mask.sum().clamp(min=1))
-        seqs = float(len(mini))
+        tokens, seqs = batch_denominators(mini.mask)
         sums: dict[str, float] = {}
         micro = self.cfg.micro_batch_size
         for i in range(0, len(mini), micro):
@@ -142,36 +146,30 @@ class PolicyTrainer:
             sel = rows[i : i + micro]
             logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
-            old = old_all[sel] if old_all is not None else logprobs.detach()
+            # The entropy only carries gradient when it is part of the objective.
+            entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
             out = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs=logprobs,
-                    old_logprobs=old,
+                    old_logprobs=old_all[sel] if old_all is not None else logprobs.detach(),
                     behaviour_logprobs=part.behaviour_logprobs,
                     advantages=advantages[i : i + micro],
                     mask=part.mask,
                     sequence_rewards=part.rewards,
+                    ref_logprobs=ref_all[sel] if ref_all is not None else None,
+                    entropy=entropy,
                 ),
                 self.algo,
-                token_denominator=tokens,
-                seq_denominator=seqs,
+                token_denominator=float(tokens),
+                seq_denominator=float(seqs),
             )
-            loss = out.loss
-            entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
-            mean_entropy = (entropy * part.mask).sum() / tokens
-            if self.algo.entropy_coef > 0:
-                loss = loss - self.algo.entropy_coef * mean_entropy
-            if ref_all is not None:
-                kl = (kl_estimate(logprobs, ref_all[sel], self.algo.kl.estimator) * part.mask).sum() / tokens
-                if self.algo.kl.mode == "loss":
-                    loss = loss + self.algo.kl.coef * kl
-                sums["train/kl_ref"] = sums.get("train/kl_ref", 0.0) + float(kl)
-            loss.backward()
-            share = len(part) / seqs  # loss-term metrics are already normalised by the mini-batch
+            out.loss.backward()
+            # Loss-like metrics are already normalised by the whole mini-batch, so they add up;
+            # per-token averages (ratios, clip fractions) are weighted by the part's share.
+            share = float(part.mask.sum()) / max(float(tokens), 1.0)
             for k, v in out.metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * share
-            sums["train/loss"] = sums.get("train/loss", 0.0) + float(loss)
-            sums["train/entropy"] = sums.get("train/entropy", 0.0) + float(mean_entropy)
+                weight = 1.0 if k in ADDITIVE_METRICS else share
+                sums[f"train/{k}"] = sums.get(f"train/{k}", 0.0) + v * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()

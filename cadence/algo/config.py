@@ -1,0 +1,317 @@
+"""Algorithm configuration: every knob of the losses, advantages, KL and mismatch code.
+
+Pydantic v2 models with `extra="forbid"`, so a misspelt key in a YAML file is
+an error, not a silently ignored setting.
+
+Loss presets. Some losses imply other settings (Dr. GRPO divides by a
+constant length and does not divide by the std; GSPO averages per sequence).
+A loss registers those as `defaults`; they are applied to every field the
+user did *not* set explicitly. An explicit value always wins.
+
+Extending: add a field (with a description) or a sub-model here; registries
+in losses.py / advantages.py hold the names that `loss` and `advantage` accept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from cadence.algo import advantages as advantage_registry
+from cadence.algo import losses as loss_registry
+from cadence.algo.aggregation import AggregationMode
+
+
+def _check_eps_low(value: float, field: str) -> float:
+    # 1 - eps must stay positive, or the lower clip bound is a non-positive ratio.
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{field}={value} must be in [0, 1): the lower clip bound is 1 - {field}")
+    return value
+
+
+def _check_eps_high(value: float, field: str) -> float:
+    # No upper limit: clip-higher style values (DAPO 0.28, CISPO's large eps) are legitimate.
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise ValueError(
+            f"{field}={value} must be a finite number >= 0: the upper clip bound is 1 + {field}"
+        )
+    return value
+
+
+class KLConfig(BaseModel):
+    """KL(pi_theta || pi_ref) regularisation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    coef: float = Field(0.0, description="KL coefficient beta; 0 disables the KL term.")
+    estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator: k1 = log-ratio, k2 = half squared, k3 = GRPO's."
+    )
+    mode: Literal["loss", "reward"] = Field(
+        "loss",
+        description="'loss': add coef * KL to the loss (GRPO); 'reward': subtract coef * k from "
+        "token rewards before advantages (PPO/REINFORCE++).",
+    )
+    max_log_ratio: float = Field(
+        20.0,
+        description="Clamp |log pi_ref - log pi_theta| to this before exp(), so k3 stays finite.",
+    )
+
+    @field_validator("coef")
+    @classmethod
+    def _coef(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"kl.coef={v} must be >= 0 (use 0 to disable the KL term)")
+        return v
+
+    @field_validator("max_log_ratio")
+    @classmethod
+    def _max_log_ratio(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError(f"kl.max_log_ratio={v} must be > 0 (20 is a safe value)")
+        return v
+
+
+class MismatchConfig(BaseModel):
+    """Correction for the inference engine's mu differing from the trainer's pi_old."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["none", "token", "sequence", "mask", "sequence_mask"] = Field(
+        "none",
+        description="'token'/'sequence': multiply the loss by sg(min(pi_old/mu, cap)); "
+        "'mask'/'sequence_mask': drop tokens/sequences whose ratio is outside [low, high].",
+    )
+    cap: float = Field(2.0, description="Truncation C of the importance weight pi_old/mu.")
+    sequence_ratio: Literal["geometric", "product"] = Field(
+        "geometric",
+        description="Sequence-level ratio: geometric mean of token ratios, or their product "
+        "(the exact sequence weight, which drifts far from 1 on long responses).",
+    )
+    low: float = Field(0.5, description="Masking modes: lowest pi_old/mu ratio kept.")
+    high: float = Field(2.0, description="Masking modes: highest pi_old/mu ratio kept.")
+
+    @field_validator("cap")
+    @classmethod
+    def _cap(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"mismatch.cap={v} must be > 0 (about 2 is usual)")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> MismatchConfig:
+        if not 0.0 <= self.low < self.high:
+            raise ValueError(
+                f"mismatch.low={self.low}, mismatch.high={self.high}: need 0 <= low < high "
+                "(e.g. low=0.5, high=2.0)"
+            )
+        return self
+
+
+class AlgorithmConfig(BaseModel):
+    """Which loss and advantage estimator to use, and all their hyper-parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- what to run
+    loss: str = Field("grpo", description="Policy loss; see cadence.algo.losses.describe().")
+    advantage: str = Field(
+        "grpo", description="Advantage estimator; see cadence.algo.advantages.describe()."
+    )
+    aggregation: AggregationMode = Field(
+        "token-mean",
+        description="How per-token losses become a scalar: token-mean, seq-mean-token-mean, "
+        "seq-mean-token-sum, or seq-mean-token-sum-norm (Dr. GRPO: / max_response_length).",
+    )
+    max_response_length: int | None = Field(
+        None,
+        description="Constant normaliser L of 'seq-mean-token-sum-norm' (Dr. GRPO): "
+        "the generation budget in tokens.",
+    )
+
+    # --- PPO-style clip (ppo, grpo, dr_grpo, decoupled_ppo)
+    eps_low: float = Field(0.2, description="Lower clip: ratios below 1 - eps_low are clipped.")
+    eps_high: float = Field(0.2, description="Upper clip: ratios above 1 + eps_high are clipped.")
+    dual_clip: float | None = Field(
+        None,
+        description="Dual-clip constant c > 1: caps the loss of A < 0 tokens at -c*A. None: off.",
+    )
+
+    # --- GSPO
+    gspo_eps_low: float = Field(3e-4, description="GSPO lower clip on the sequence ratio.")
+    gspo_eps_high: float = Field(4e-4, description="GSPO upper clip on the sequence ratio.")
+
+    # --- Decoupled PPO
+    decoupled_behaviour_cap: float | None = Field(
+        None,
+        description="Cap C on the behaviour weight pi_old/mu of decoupled_ppo. None: uncapped.",
+    )
+    decoupled_cap_mode: Literal["truncate", "mask"] = Field(
+        "truncate",
+        description="decoupled_ppo: 'truncate' uses min(w, C); 'mask' drops tokens with w > C (AReaL).",
+    )
+
+    # --- TIS
+    tis_low: float = Field(0.0, description="TIS: lower clamp of the ratio pi_theta/pi_old.")
+    tis_cap: float = Field(1.0, description="TIS: truncation C, upper clamp of the ratio.")
+
+    # --- CISPO
+    cispo_eps_low: float = Field(0.1, description="CISPO: weight clipped below at 1 - eps_low.")
+    cispo_eps_high: float = Field(0.1, description="CISPO: weight clipped above at 1 + eps_high.")
+    cispo_mask: bool = Field(
+        False,
+        description="CISPO: also drop tokens with (A>0, r>1+eps_high) or (A<0, r<1-eps_low).",
+    )
+
+    # --- TOPR
+    topr_low: float = Field(0.0, description="TOPR: lower clamp of the negative-sequence ratio.")
+    topr_high: float = Field(1.0, description="TOPR: upper clamp of the negative-sequence ratio.")
+    topr_reward_threshold: float = Field(
+        0.0, description="TOPR: sequences with reward > threshold are 'positive' (no IS weight)."
+    )
+    topr_positive_weight: float = Field(1.0, description="TOPR: weight of the positive term.")
+    topr_negative_weight: float = Field(1.0, description="TOPR: weight of the negative term.")
+
+    # --- regularisers
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient; 0 disables it.")
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL to a reference policy.")
+    mismatch: MismatchConfig = Field(
+        default_factory=MismatchConfig, description="Train/inference mismatch correction."
+    )
+
+    # --- advantages
+    gamma: float = Field(1.0, description="Discount factor (GAE, REINFORCE++ token returns).")
+    lam: float = Field(0.95, description="GAE lambda.")
+    std_normalize: bool = Field(
+        True, description="Divide advantages by the std (GRPO, REINFORCE++); Dr. GRPO sets False."
+    )
+    std_unbiased: bool = Field(
+        True, description="Std with Bessel's correction (n - 1), as torch.std; False divides by n."
+    )
+    adv_eps: float = Field(1e-6, description="Added to the std before dividing, avoids 0/0.")
+
+    # --- field checks
+    @field_validator("loss")
+    @classmethod
+    def _loss_known(cls, v: str) -> str:
+        if v not in loss_registry.names():
+            raise ValueError(
+                f"loss={v!r} is not a registered loss; valid: {', '.join(loss_registry.names())}"
+            )
+        return v
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage_known(cls, v: str) -> str:
+        if v not in advantage_registry.names():
+            valid = ", ".join(advantage_registry.names())
+            raise ValueError(f"advantage={v!r} is not a registered estimator; valid: {valid}")
+        return v
+
+    @field_validator("eps_low", "gspo_eps_low", "cispo_eps_low")
+    @classmethod
+    def _eps_low(cls, v: float, info: ValidationInfo) -> float:
+        return _check_eps_low(v, info.field_name)
+
+    @field_validator("eps_high", "gspo_eps_high", "cispo_eps_high")
+    @classmethod
+    def _eps_high(cls, v: float, info: ValidationInfo) -> float:
+        return _check_eps_high(v, info.field_name)
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip(cls, v: float | None) -> float | None:
+        if v is not None and not v > 1.0:
+            raise ValueError(f"dual_clip={v} must be > 1 (3.0 is common) or None to disable it")
+        return v
+
+    @field_validator("decoupled_behaviour_cap")
+    @classmethod
+    def _behaviour_cap(cls, v: float | None) -> float | None:
+        if v is not None and not v > 1.0:
+            raise ValueError(
+                f"decoupled_behaviour_cap={v} must be > 1 (the weight is 1 on fresh data) or None"
+            )
+        return v
+
+    @field_validator("max_response_length")
+    @classmethod
+    def _max_len(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"max_response_length={v} must be a positive token count")
+        return v
+
+    @field_validator("entropy_coef", "topr_positive_weight", "topr_negative_weight")
+    @classmethod
+    def _non_negative(cls, v: float, info: ValidationInfo) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name}={v} must be >= 0")
+        return v
+
+    @field_validator("gamma", "lam")
+    @classmethod
+    def _unit(cls, v: float, info: ValidationInfo) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{info.field_name}={v} must be in [0, 1]")
+        return v
+
+    @field_validator("adv_eps")
+    @classmethod
+    def _adv_eps(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(
+                f"adv_eps={v} must be > 0 (1e-6 is usual), or a group with equal rewards divides 0 by 0"
+            )
+        return v
+
+    # --- cross-field checks
+    @model_validator(mode="after")
+    def _presets_then_checks(self) -> AlgorithmConfig:
+        # Presets first (values from the loss's registry entry, only for fields the user
+        # left unset), so the checks below see the settings that will actually run.
+        for name, value in loss_registry.spec(self.loss).defaults.items():
+            if name not in self.model_fields_set:
+                setattr(self, name, value)
+        self._check_consistency()
+        return self
+
+    def _check_consistency(self) -> None:
+        if self.aggregation == "seq-mean-token-sum-norm" and self.max_response_length is None:
+            raise ValueError(
+                "aggregation='seq-mean-token-sum-norm' (Dr. GRPO's default) divides by a constant: "
+                "set max_response_length to the generation budget in tokens"
+            )
+        if not 0.0 <= self.tis_low <= self.tis_cap:
+            raise ValueError(
+                f"tis_low={self.tis_low}, tis_cap={self.tis_cap}: need 0 <= tis_low <= tis_cap"
+            )
+        if not 0.0 <= self.topr_low <= self.topr_high:
+            raise ValueError(
+                f"topr_low={self.topr_low}, topr_high={self.topr_high}: need 0 <= topr_low <= topr_high"
+            )
+        if self.loss == "decoupled_ppo" and self.mismatch.mode in ("token", "sequence"):
+            raise ValueError(
+                "loss='decoupled_ppo' already weights tokens by pi_old/mu; mismatch.mode="
+                f"{self.mismatch.mode!r} would apply that weight twice. Use mismatch.mode='none' "
+                "(and decoupled_behaviour_cap) or a masking mode"
+            )
+        adv = advantage_registry.spec(self.advantage)
+        if self.kl.coef > 0 and self.kl.mode == "reward" and not adv.accepts_token_rewards:
+            accepting = [
+                n
+                for n in advantage_registry.names()
+                if advantage_registry.spec(n).accepts_token_rewards
+            ]
+            raise ValueError(
+                f"kl.mode='reward' needs an advantage estimator that takes token rewards ({accepting}); "
+                f"advantage={self.advantage!r} is sequence-level. Use kl.mode='loss' instead"
+            )

@@ -1,0 +1,94 @@
+"""Per-token estimators of KL(pi_theta || pi_ref) and the two ways to use them.
+
+Tokens are sampled from (approximately) pi_theta, so with
+log_ratio = log pi_ref(y_t) - log pi_theta(y_t) (Schulman's "Approximating KL
+divergence" notes):
+
+    k1 = -log_ratio                            unbiased, can be negative
+    k2 = 0.5 * log_ratio^2                     biased, low variance, >= 0
+    k3 = exp(log_ratio) - log_ratio - 1        unbiased, low variance, >= 0
+
+k3 is what GRPO (DeepSeekMath) adds to its loss.
+
+Two places to use the penalty:
+- as a loss term (`kl.mode = "loss"`): `kl_loss` aggregates the estimator,
+  which carries gradient through log pi_theta; the trainer adds coef * it.
+- as reward shaping (`kl.mode = "reward"`): `kl_reward_penalty` gives a
+  detached per-token penalty coef * k that `shape_token_rewards` subtracts from
+  the token rewards before advantages are computed (InstructGPT-style PPO,
+  REINFORCE++).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from cadence.algo.advantages import last_token_rewards
+from cadence.algo.aggregation import aggregate
+
+if TYPE_CHECKING:
+    from cadence.algo.config import KLConfig
+
+
+def kl_estimate(
+    logprobs: Tensor, ref_logprobs: Tensor, estimator: str, max_log_ratio: float = 20.0
+) -> Tensor:
+    """Per-token KL(pi_theta || pi_ref) estimate, same shape as the inputs.
+
+    With d = log pi_ref - log pi_theta (clamped to [-max_log_ratio, max_log_ratio]
+    so exp() cannot overflow):
+        k1 = -d,  k2 = d^2 / 2,  k3 = exp(d) - d - 1.
+    """
+    log_ratio = (ref_logprobs - logprobs).clamp(-max_log_ratio, max_log_ratio)
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        # expm1 keeps precision when d is tiny (exp(d) - 1 cancels badly in float32).
+        return torch.expm1(log_ratio) - log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    cfg: KLConfig,
+    mode: str,
+    token_denominator: float | None = None,
+    seq_denominator: float | None = None,
+    norm_length: float | None = None,
+) -> Tensor:
+    """KL as a loss term: aggregate(k(log pi_theta, log pi_ref), mask, mode). Not yet times coef.
+
+    Gradient flows through `logprobs`; `ref_logprobs` is detached.
+    """
+    per_token = kl_estimate(logprobs, ref_logprobs.detach(), cfg.estimator, cfg.max_log_ratio)
+    return aggregate(per_token, mask, mode, token_denominator, seq_denominator, norm_length)
+
+
+def kl_reward_penalty(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, cfg: KLConfig
+) -> Tensor:
+    """KL as reward shaping: per-token penalty coef * k(log pi, log pi_ref) * m, detached.
+
+    `logprobs` here are the sampling policy's (behaviour or proximal) log-probs:
+    the penalty is part of the reward, a fixed number, never differentiated.
+    """
+    k = kl_estimate(logprobs.detach(), ref_logprobs.detach(), cfg.estimator, cfg.max_log_ratio)
+    return cfg.coef * k * mask
+
+
+def shape_token_rewards(
+    rewards: Tensor, mask: Tensor, logprobs: Tensor, ref_logprobs: Tensor, cfg: KLConfig
+) -> Tensor:
+    """Token rewards with a KL penalty: r[i, t] = R_i [t = last] - coef * k[i, t] * m[i, t].
+
+    Feed the result to `compute_advantages(..., token_rewards=...)` with an
+    estimator that accepts token rewards (gae, reinforce_plus_plus).
+    """
+    return last_token_rewards(rewards, mask) - kl_reward_penalty(logprobs, ref_logprobs, mask, cfg)

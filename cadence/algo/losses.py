@@ -1,0 +1,473 @@
+"""Policy losses: the off-policy loss zoo behind one entry point.
+
+Notation (shared by every docstring here): pi_theta the policy being trained
+(`logprobs`, carries gradient); pi_old the proximal policy, i.e. the weights at
+the start of this training step with log-probs *recomputed by the trainer*
+(`old_logprobs`); mu the behaviour policy, i.e. the inference engine's
+log-probs of the sampled tokens (`behaviour_logprobs`); A the advantage;
+r = pi_theta / pi_old per token; sg = stop-gradient.
+
+Every loss returns a [B, T] per-token loss. `compute_policy_loss` then
+applies the train/inference mismatch correction (mismatch.py), aggregates
+(aggregation.py), adds the KL and entropy terms and collects metrics.
+
+Add a loss with `@register("name", "one line", defaults={...})`; `defaults`
+are config values the loss implies (e.g. Dr. GRPO's aggregation), applied by
+`AlgorithmConfig` to fields the user did not set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from cadence.algo.aggregation import aggregate
+from cadence.algo.kl import kl_loss
+from cadence.algo.mismatch import mismatch_correction
+
+if TYPE_CHECKING:
+    from cadence.algo.config import AlgorithmConfig
+
+
+# ----------------------------------------------------------------------------- data types
+
+
+@dataclass(kw_only=True)
+class PolicyLossInputs:
+    """Everything a policy loss may need; all token tensors are [B, T].
+
+    logprobs:           log pi_theta(y_t), requires grad.
+    old_logprobs:       log pi_old(y_t), proximal policy, recomputed by the trainer.
+    advantages:         A[i, t] (sequence advantages already broadcast to tokens).
+    mask:               1.0 on response tokens, 0.0 elsewhere.
+    behaviour_logprobs: log mu(y_t) from the inference engine; None means mu = pi_old.
+    sequence_rewards:   R_i [B]; TOPR splits sequences by it.
+    ref_logprobs:       log pi_ref(y_t); needed when kl.coef > 0 and kl.mode = "loss".
+    entropy:            per-token entropy of pi_theta, with grad; needed when entropy_coef > 0.
+    """
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    behaviour_logprobs: Tensor | None = None
+    sequence_rewards: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+@dataclass
+class TokenLoss:
+    """What a loss function returns.
+
+    per_token: [B, T] loss before mismatch correction and aggregation.
+    stats: [B, T] per-token quantities (e.g. a 0/1 "was clipped" indicator),
+        reported as their mean over response tokens.
+    """
+
+    per_token: Tensor
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class LossOutput:
+    """The scalar to call backward() on, and float metrics for logging."""
+
+    loss: Tensor
+    metrics: dict[str, float]
+
+
+LossFn = Callable[[PolicyLossInputs, "AlgorithmConfig"], TokenLoss]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    fn: LossFn
+    description: str
+    defaults: Mapping[str, Any]
+
+
+# ----------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, LossSpec] = {}
+
+
+def register(
+    name: str, description: str, defaults: Mapping[str, Any] | None = None
+) -> Callable[[LossFn], LossFn]:
+    """Decorator: make `fn` available as `AlgorithmConfig(loss=name)`."""
+
+    def wrap(fn: LossFn) -> LossFn:
+        if name in _REGISTRY:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        _REGISTRY[name] = LossSpec(name, fn, description, dict(defaults or {}))
+        return fn
+
+    return wrap
+
+
+def get(name: str) -> LossFn:
+    """The loss function registered under `name`."""
+    return spec(name).fn
+
+
+def spec(name: str) -> LossSpec:
+    """The full registry entry (function, description, implied config defaults)."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown policy loss {name!r}; valid: {', '.join(names())}")
+    return _REGISTRY[name]
+
+
+def names() -> list[str]:
+    """Registered loss names, in registration order."""
+    return list(_REGISTRY)
+
+
+def describe() -> dict[str, str]:
+    """name -> one-line description."""
+    return {name: s.description for name, s in _REGISTRY.items()}
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's clipped surrogate, per token, as a loss (to minimise).
+
+        L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+        dual clip (c > 1), only where A < 0:  L = min(L, -c A)
+
+    The dual clip bounds the loss of a negative-advantage token whose ratio has
+    exploded (r >> 1): without it, -r A grows without limit.
+    Returns (loss, clipped, dual_clipped) with the last two 0/1 indicators of
+    which branch was taken (clipped: the clip term was strictly the smaller one).
+    """
+    surr_unclipped = ratio * adv
+    surr_clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    loss = -torch.min(surr_unclipped, surr_clipped)
+    clipped = (surr_clipped < surr_unclipped).to(ratio.dtype)
+    dual = torch.zeros_like(loss)
+    if dual_clip is not None:
+        cap = -dual_clip * adv
+        dual = ((adv < 0) & (loss > cap)).to(ratio.dtype)
+        loss = torch.where(adv < 0, torch.min(loss, cap), loss)
+    return loss, clipped, dual
+
+
+def _ratio(inp: PolicyLossInputs) -> Tensor:
+    """r = pi_theta / pi_old = exp(log pi_theta - log pi_old); gradient flows through pi_theta."""
+    return torch.exp(inp.logprobs - inp.old_logprobs)
+
+
+def _ppo_clip(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    loss, clipped, dual = clipped_surrogate(
+        _ratio(inp), inp.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
+    )
+    return TokenLoss(loss, {"clip_fraction": clipped, "dual_clip_fraction": dual})
+
+
+# ----------------------------------------------------------------------------- the losses
+
+
+@register("ppo", "PPO clipped surrogate, asymmetric eps_low/eps_high, optional dual clip")
+def ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); dual clip: min(L_t, -c A) for A < 0."""
+    return _ppo_clip(inp, cfg)
+
+
+@register("grpo", "GRPO: the PPO clip objective; pair with group-normalised advantages and k3 KL")
+def grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A).
+
+    GRPO's policy term *is* PPO's; what makes it GRPO lives elsewhere: the
+    group-normalised advantage (advantage="grpo") and the KL to a reference
+    model added to the loss (kl.coef > 0, kl.estimator="k3", kl.mode="loss").
+    Kept as its own name so configs read like the papers.
+    """
+    return _ppo_clip(inp, cfg)
+
+
+@register(
+    "dr_grpo",
+    "Dr. GRPO: PPO clip, no std normalisation, token sums divided by a constant length",
+    defaults={"aggregation": "seq-mean-token-sum-norm", "std_normalize": False},
+)
+def dr_grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), A = R_i - mean_group R.
+
+    Dr. GRPO removes GRPO's two biases: dividing by each response's length
+    (which favours long wrong answers) and dividing by the group std (which
+    over-weights too-easy/too-hard prompts). The per-token term is unchanged;
+    the fixes are its config defaults: aggregation "seq-mean-token-sum-norm"
+    (sum over tokens / max_response_length, mean over sequences) and
+    std_normalize=False.
+    """
+    return _ppo_clip(inp, cfg)
+
+
+@register(
+    "gspo",
+    "GSPO: sequence-level ratio (geometric mean of token ratios), clipped per sequence",
+    defaults={"aggregation": "seq-mean-token-mean"},
+)
+def gspo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """GSPO-token: s_i = exp(mean_t (log pi_theta - log pi_old)) over response tokens, and
+
+        s_{i,t} = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t))     (value s_i, grad s_i * grad log pi_t)
+        L_t = -min(s_{i,t} A_t, clip(s_{i,t}, 1 - gspo_eps_low, 1 + gspo_eps_high) A_t)
+
+    With a per-sequence advantage and seq-mean-token-mean aggregation the
+    gradient is exactly GSPO's: A_i * grad s_i. Clipping decides per sequence
+    (all tokens of a sequence share s_i), hence the tiny default eps.
+    """
+    log_ratio = (inp.logprobs - inp.old_logprobs) * inp.mask
+    seq_log_ratio = log_ratio.sum(-1) / inp.mask.sum(-1).clamp(min=1.0)
+    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + inp.logprobs - inp.logprobs.detach()
+    seq_ratio = torch.exp(token_log_ratio)
+    loss, clipped, _ = clipped_surrogate(
+        seq_ratio, inp.advantages, cfg.gspo_eps_low, cfg.gspo_eps_high, dual_clip=None
+    )
+    return TokenLoss(loss, {"clip_fraction": clipped, "seq_ratio_mean": seq_ratio.detach()})
+
+
+@register(
+    "decoupled_ppo",
+    "Decoupled PPO (AReaL): PPO clip on pi_theta/pi_old times detached pi_old/mu, optionally capped",
+)
+def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = sg(w_t) * -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = pi_old(y_t) / mu(y_t).
+
+    The clip keeps the update near the *proximal* policy pi_old (recent
+    weights), while w corrects for the samples having come from the stale
+    behaviour policy mu. Cap (decoupled_behaviour_cap = C):
+    "truncate" uses min(w, C); "mask" drops tokens with w > C (AReaL's choice).
+    pi_old must be recomputed by the trainer: if old_logprobs were a copy of
+    the current logprobs, r would be 1 everywhere and the clip would be dead.
+    """
+    behaviour = inp.behaviour_logprobs if inp.behaviour_logprobs is not None else inp.old_logprobs
+    weight = torch.exp(inp.old_logprobs - behaviour).detach()
+    capped = torch.zeros_like(weight)
+    if cfg.decoupled_behaviour_cap is not None:
+        capped = (weight > cfg.decoupled_behaviour_cap).to(weight.dtype)
+        if cfg.decoupled_cap_mode == "truncate":
+            weight = weight.clamp(max=cfg.decoupled_behaviour_cap)
+        else:
+            weight = weight * (1.0 - capped)
+    ppo = _ppo_clip(inp, cfg)
+    ppo.stats |= {"behaviour_weight_mean": weight, "behaviour_capped_fraction": capped}
+    return TokenLoss(weight * ppo.per_token, ppo.stats)
+
+
+@register("tis", "Truncated IS policy gradient: -sg(clamp(r, tis_low, tis_cap)) A log pi_theta")
+def tis_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -sg(clamp(r, tis_low, tis_cap)) * A * log pi_theta(y_t).
+
+    A REINFORCE gradient re-weighted by the truncated ratio r = pi_theta/pi_old
+    (ROLL's "tis" variant, default clamp [0, 1]). Unlike PPO, no token loses its
+    gradient: the weight is bounded instead. For the engine-vs-trainer weight
+    pi_old/mu with C ~ 2 (Yao et al.), use mismatch.mode = "token".
+    """
+    ratio = _ratio(inp).detach()
+    weight = ratio.clamp(cfg.tis_low, cfg.tis_cap)
+    truncated = ((ratio < cfg.tis_low) | (ratio > cfg.tis_cap)).to(ratio.dtype)
+    per_token = -weight * inp.advantages * inp.logprobs
+    return TokenLoss(per_token, {"clip_fraction": truncated, "is_weight_mean": weight})
+
+
+@register("cispo", "CISPO (MiniMax-M1): clipped detached IS weight, gradient on every token")
+def cispo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -sg(clip(r, 1 - cispo_eps_low, 1 + cispo_eps_high)) * A * log pi_theta(y_t) * M_t.
+
+    PPO zeroes the gradient of clipped tokens, and in long reasoning those are
+    often the rare "fork" tokens. CISPO clips only the weight, so every token
+    keeps its gradient. Optional mask (cispo_mask=True) recovers PPO's trust
+    region: M_t = 0 if (A > 0 and r > 1 + eps_high) or (A < 0 and r < 1 - eps_low).
+    """
+    ratio = _ratio(inp).detach()
+    low, high = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
+    weight = ratio.clamp(low, high)
+    clipped = ((ratio < low) | (ratio > high)).to(ratio.dtype)
+    per_token = -weight * inp.advantages * inp.logprobs
+    stats = {"clip_fraction": clipped, "is_weight_mean": weight}
+    if cfg.cispo_mask:
+        drop = ((inp.advantages > 0) & (ratio > high)) | ((inp.advantages < 0) & (ratio < low))
+        per_token = torch.where(drop, torch.zeros_like(per_token), per_token)
+        stats["cispo_masked_fraction"] = drop.to(ratio.dtype)
+    return TokenLoss(per_token, stats)
+
+
+@register(
+    "topr", "TOPR: REINFORCE on positive-reward sequences, IS weight clamped to [0,1] on others"
+)
+def topr_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """Tapered off-policy REINFORCE, per token of sequence i:
+
+        R_i >  thr:  L_t = -w_pos * A * log pi_theta(y_t)                            (no IS weight)
+        R_i <= thr:  L_t = -w_neg * sg(clamp(r, topr_low, topr_high)) * A * log pi_theta(y_t)
+
+    Successes are imitated at full strength whatever their probability (an
+    SFT-like term); failures are pushed down with a weight that tapers off once
+    pi_theta already assigns them less probability than pi_old did, so the
+    negative term cannot drive their probability to zero without bound.
+    thr = topr_reward_threshold, w_pos/w_neg = topr_positive_weight/topr_negative_weight.
+    """
+    if inp.sequence_rewards is None:
+        raise ValueError(
+            "loss 'topr' needs PolicyLossInputs.sequence_rewards (one reward per sequence)"
+        )
+    positive = (inp.sequence_rewards > cfg.topr_reward_threshold).unsqueeze(-1)
+    ratio = _ratio(inp).detach()
+    weight = torch.where(
+        positive,
+        torch.full_like(ratio, cfg.topr_positive_weight),
+        cfg.topr_negative_weight * ratio.clamp(cfg.topr_low, cfg.topr_high),
+    )
+    per_token = -weight * inp.advantages * inp.logprobs
+    positive_tokens = positive.expand_as(ratio).to(ratio.dtype)
+    return TokenLoss(per_token, {"positive_fraction": positive_tokens, "is_weight_mean": weight})
+
+
+@register("reinforce", "Plain REINFORCE: -A log pi_theta (on-policy, no ratio, no clip)")
+def reinforce_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
+    """L_t = -A_t * log pi_theta(y_t)."""
+    return TokenLoss(-inp.advantages * inp.logprobs)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _check_inputs(inp: PolicyLossInputs) -> None:
+    shape = inp.logprobs.shape
+    if inp.logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(shape)}")
+    for name in (
+        "old_logprobs",
+        "advantages",
+        "mask",
+        "behaviour_logprobs",
+        "ref_logprobs",
+        "entropy",
+    ):
+        value = getattr(inp, name)
+        if value is not None and value.shape != shape:
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)}, expected {tuple(shape)} like logprobs"
+            )
+    if inp.sequence_rewards is not None and inp.sequence_rewards.shape != shape[:1]:
+        raise ValueError(
+            f"sequence_rewards has shape {tuple(inp.sequence_rewards.shape)}, expected ({shape[0]},)"
+        )
+
+
+def _sanitise(inp: PolicyLossInputs) -> PolicyLossInputs:
+    """Zero every token tensor outside the mask and detach what must not carry gradient.
+
+    Padding positions may hold anything (-inf logprobs, garbage advantages);
+    zeroing them *before* any exp() keeps both the loss and its gradient finite.
+    """
+    mask = inp.mask.to(inp.logprobs.dtype)
+    keep = mask > 0
+
+    def clean(t: Tensor | None, detach: bool) -> Tensor | None:
+        if t is None:
+            return None
+        t = t.detach() if detach else t
+        return torch.where(keep, t, torch.zeros_like(t))
+
+    return dataclasses.replace(
+        inp,
+        logprobs=clean(inp.logprobs, False),
+        old_logprobs=clean(inp.old_logprobs, True),
+        advantages=clean(inp.advantages, True),
+        mask=mask,
+        behaviour_logprobs=clean(
+            inp.behaviour_logprobs if inp.behaviour_logprobs is not None else inp.old_logprobs, True
+        ),
+        ref_logprobs=clean(inp.ref_logprobs, True),
+        entropy=clean(inp.entropy, False),
+    )
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def compute_policy_loss(
+    inputs: PolicyLossInputs,
+    cfg: AlgorithmConfig,
+    token_denominator: float | None = None,
+    seq_denominator: float | None = None,
+) -> LossOutput:
+    """Total policy loss: pg + kl.coef * KL - entropy_coef * H.
+
+        pg  = aggregate(sg(w_mis) * keep_mis * L_t, mask)    L_t from the loss named by cfg.loss
+        KL  = aggregate(k(log pi_theta, log pi_ref), mask)    if inputs.ref_logprobs is given
+                                                             (added only when kl.mode == "loss")
+        H   = aggregate(entropy, mask)                       if inputs.entropy is given
+
+    w_mis, keep_mis: the train/inference mismatch correction (mismatch.py).
+    Denominators: pass the full batch's `batch_denominators(mask)` when this
+    call sees one micro-batch of it, so micro-batch losses sum to the batch loss.
+    """
+    _check_inputs(inputs)
+    inp = _sanitise(inputs)
+    mask = inp.mask
+    agg = dict(
+        mode=cfg.aggregation,
+        token_denominator=token_denominator,
+        seq_denominator=seq_denominator,
+        norm_length=cfg.max_response_length,
+    )
+
+    token_loss = get(cfg.loss)(inp, cfg)
+    correction = mismatch_correction(inp.old_logprobs, inp.behaviour_logprobs, mask, cfg.mismatch)
+    per_token = token_loss.per_token * correction.weight * correction.keep
+    pg_loss = aggregate(per_token, mask, **agg)
+    loss = pg_loss
+
+    with torch.no_grad():
+        log_r = inp.logprobs - inp.old_logprobs
+        ratio = torch.exp(log_r)
+        n_tokens = mask.sum()
+        metrics: dict[str, float] = {
+            "pg_loss": float(pg_loss.detach()),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "ratio_max": float(ratio[mask > 0].max()) if n_tokens > 0 else 1.0,
+            "ratio_min": float(ratio[mask > 0].min()) if n_tokens > 0 else 1.0,
+            # k3 estimate of KL(pi_old || pi_theta) under samples from pi_old: (r - 1) - log r.
+            "approx_kl": _masked_mean(torch.expm1(log_r) - log_r, mask),
+            "mismatch_weight_mean": _masked_mean(correction.weight, mask),
+            "mismatch_masked_fraction": _masked_mean(1.0 - correction.keep, mask),
+            # k3 estimate of KL(mu || pi_old) under samples from mu: rho - 1 - log rho.
+            "mismatch_kl": _masked_mean(
+                torch.expm1(correction.log_ratio) - correction.log_ratio, mask
+            ),
+            "response_tokens": float(n_tokens),
+        }
+        metrics |= {name: _masked_mean(value, mask) for name, value in token_loss.stats.items()}
+
+    # KL and entropy join the loss only when their tensors are supplied, so a trainer that
+    # adds them itself does not count them twice. Supplying them here is the better path:
+    # they are then aggregated like the policy term, with the same micro-batch denominators.
+    if inp.ref_logprobs is not None:
+        kl_term = kl_loss(inp.logprobs, inp.ref_logprobs, mask, cfg.kl, **agg)
+        metrics["kl_ref"] = float(kl_term.detach())
+        if cfg.kl.mode == "loss" and cfg.kl.coef > 0:
+            loss = loss + cfg.kl.coef * kl_term
+    if inp.entropy is not None:
+        entropy_term = aggregate(inp.entropy, mask, **agg)
+        metrics["entropy"] = float(entropy_term.detach())
+        if cfg.entropy_coef > 0:
+            # Minus: a bonus. Minimising the loss raises entropy.
+            loss = loss - cfg.entropy_coef * entropy_term
+
+    metrics["loss"] = float(loss.detach())
+    return LossOutput(loss, metrics)

@@ -1,0 +1,111 @@
+"""Train-inference mismatch correction: pi_old (trainer) vs mu (inference engine).
+
+The engine that samples (vLLM, the embedded engine, possibly in lower
+precision or with different kernels) does not compute exactly the
+probabilities the trainer computes for the same weights. So even a fully
+synchronous run is slightly off-policy: the samples come from mu, while the
+loss assumes pi_old. Yao et al. (2025) "Your efficient RL framework secretly
+brings you off-policy RL training" correct it with a truncated importance
+weight; ROLL and others also offer rejection (masking) of tokens whose ratio
+is too far from 1.
+
+Per-token ratio rho_t = pi_old(y_t) / mu(y_t) = exp(log pi_old - log mu).
+
+| mode          | weight applied to the per-token loss                         |
+|---------------|--------------------------------------------------------------|
+| none          | 1                                                            |
+| token         | sg(min(rho_t, C))                                            |
+| sequence      | sg(min(rho_seq, C)) for every token of the sequence          |
+| mask          | 1 if low <= rho_t <= high else 0                             |
+| sequence_mask | 1 if low <= rho_seq <= high else 0, for the whole sequence  |
+
+rho_seq is selected by `sequence_ratio`:
+- "geometric" (default): exp(mean_t log rho_t), the per-token geometric mean.
+  It is what ROLL's sequence-level train/infer ratio uses. It stays near 1
+  for long responses, so a cap C means the same thing at any length.
+- "product": exp(sum_t log rho_t) = pi_old(y) / mu(y), the exact sequence
+  importance weight. Unbiased before truncation, but over thousands of tokens
+  it drifts far from 1 and the cap C decides almost everything.
+Both are computed in log space and capped before exp(), so they never overflow.
+
+Masked tokens are zeroed in the loss but *stay in the denominator* of the
+aggregation, so rejection shrinks the update instead of re-weighting the
+surviving tokens, and micro-batch losses still add up exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from cadence.algo.config import MismatchConfig
+
+
+@dataclass
+class MismatchCorrection:
+    """Detached per-token multipliers for the per-token loss.
+
+    weight: [B, T] importance weight (1 where no correction).
+    keep:   [B, T] 1.0 for kept tokens, 0.0 for rejected ones.
+    log_ratio: [B, T] log pi_old - log mu (for metrics).
+    """
+
+    weight: Tensor
+    keep: Tensor
+    log_ratio: Tensor
+
+
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor, kind: str) -> Tensor:
+    """Per-sequence log ratio [B]: sum_t m log rho_t ("product") or its mean ("geometric")."""
+    total = (log_ratio * mask).sum(dim=-1)
+    if kind == "product":
+        return total
+    if kind == "geometric":
+        return total / mask.sum(dim=-1).clamp(min=1.0)
+    raise ValueError(f"unknown sequence_ratio {kind!r}; valid: geometric, product")
+
+
+@torch.no_grad()
+def mismatch_correction(
+    old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, cfg: MismatchConfig
+) -> MismatchCorrection:
+    """Weights and keep-mask that correct mu -> pi_old; see the module table.
+
+    token:    w_t = min(exp(log pi_old - log mu), C)
+    sequence: w_t = min(exp(log rho_seq), C) = exp(min(log rho_seq, log C))
+    mask:     keep_t = [low <= rho_t <= high]
+    sequence_mask: keep_t = [low <= rho_seq <= high]
+    Everything is detached (computed under no_grad): these are data, not functions of theta.
+    """
+    log_ratio = (old_logprobs - behaviour_logprobs) * mask
+    ones = torch.ones_like(log_ratio)
+    if cfg.mode == "none":
+        return MismatchCorrection(ones, ones, log_ratio)
+
+    log_cap = math.log(cfg.cap)
+    if cfg.mode == "token":
+        weight = torch.exp(log_ratio.clamp(max=log_cap))
+        return MismatchCorrection(weight, ones, log_ratio)
+    if cfg.mode == "sequence":
+        seq = sequence_log_ratio(log_ratio, mask, cfg.sequence_ratio).clamp(max=log_cap)
+        weight = torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
+        return MismatchCorrection(weight, ones, log_ratio)
+
+    # Compare in log space: low <= rho <= high  <=>  log low <= log rho <= log high.
+    log_low = math.log(cfg.low) if cfg.low > 0 else -math.inf
+    log_high = math.log(cfg.high)
+    if cfg.mode == "mask":
+        keep = ((log_ratio >= log_low) & (log_ratio <= log_high)).to(log_ratio.dtype)
+        return MismatchCorrection(ones, keep, log_ratio)
+    if cfg.mode == "sequence_mask":
+        seq = sequence_log_ratio(log_ratio, mask, cfg.sequence_ratio)
+        keep_seq = ((seq >= log_low) & (seq <= log_high)).to(log_ratio.dtype)
+        return MismatchCorrection(ones, keep_seq.unsqueeze(-1).expand_as(log_ratio), log_ratio)
+    raise ValueError(
+        f"unknown mismatch mode {cfg.mode!r}; valid: none, token, sequence, mask, sequence_mask"
+    )

@@ -1,0 +1,153 @@
+"""`TaskConfig`: which prompts to train on, validated when the config loads.
+
+Naming scheme for `name`:
+
+* ``"arith"``: the built-in synthetic arithmetic task ("37+45=" -> "82"),
+  small enough for a tiny character-level model. `kwargs`: ``operations``
+  (default ``["+", "-"]``), ``digits`` (default 2).
+* ``"jsonl"``: prompts and answers from JSONL files (`train_file`, optional
+  `test_file`, `prompt_field`, `answer_field`, `test_fraction`).
+* ``"rg:<dataset>"``: any reasoning-gym dataset, e.g. ``"rg:countdown"``;
+  `kwargs` go to that dataset's config (``min_numbers``, ...).
+
+Validation is deliberately cheap (no prompt is generated and no file is read
+beyond checking it exists): mistakes should surface in a second, not after a
+model has loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TaskKind = Literal["arith", "jsonl", "rg"]
+RG_PREFIX = "rg:"
+
+
+def task_kind(name: str) -> TaskKind:
+    """Classify a task name, or explain the accepted forms."""
+    if name == "arith":
+        return "arith"
+    if name == "jsonl":
+        return "jsonl"
+    if name.startswith(RG_PREFIX):
+        return "rg"
+    raise ValueError(
+        f"task.name {name!r} is not a known task: use 'arith' (built-in), 'jsonl' "
+        "(with task.train_file), or 'rg:<reasoning-gym dataset>' such as 'rg:countdown'"
+    )
+
+
+class TaskConfig(BaseModel):
+    """Which prompt source to use and how to split it into train and test."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        "arith",
+        description="Task: 'arith' (built-in arithmetic), 'jsonl' (files), or "
+        "'rg:<dataset>' for a reasoning-gym dataset, e.g. 'rg:countdown'.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Task options: for 'arith' operations/digits; for 'rg:*' the "
+        "reasoning-gym dataset config fields (not seed/size, which cadence sets).",
+    )
+    train_file: str | None = Field(
+        None, description="JSONL file of training prompts (required for 'jsonl')."
+    )
+    test_file: str | None = Field(
+        None,
+        description="JSONL file of test prompts ('jsonl' only); without it a "
+        "deterministic test_fraction of train_file is held out.",
+    )
+    prompt_field: str = Field("prompt", description="JSONL field holding the prompt text.")
+    answer_field: str = Field("answer", description="JSONL field holding the gold answer.")
+    test_size: int = Field(
+        200,
+        ge=0,
+        description="Size of the generated test split ('arith', 'rg:*'); train never "
+        "contains these prompts.",
+    )
+    test_fraction: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of distinct train_file prompts held out as test when "
+        "'jsonl' has no test_file.",
+    )
+    prompt_suffix: str = Field(
+        "",
+        description="Appended verbatim to every prompt text (e.g. an answer-format "
+        "instruction); include your own leading space/newline.",
+    )
+    seed: int = Field(0, description="Seed for prompt generation and splitting.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        kind = task_kind(self.name)
+        if kind != "jsonl":
+            for attr in ("train_file", "test_file"):
+                if getattr(self, attr) is not None:
+                    raise ValueError(
+                        f"task.{attr} is only used by task.name 'jsonl' (got name {self.name!r})"
+                    )
+        if kind == "arith":
+            from cadence.data.arithmetic import check_arith_config
+
+            check_arith_config(self.kwargs, self.test_size)
+        elif kind == "jsonl":
+            self._check_jsonl()
+        else:
+            check_rg_dataset(self.name[len(RG_PREFIX) :], self.kwargs)
+        return self
+
+    def _check_jsonl(self) -> None:
+        if self.kwargs:
+            raise ValueError(f"task.kwargs is not used by task.name 'jsonl' (got {self.kwargs})")
+        if not self.train_file:
+            raise ValueError("task.name 'jsonl' needs task.train_file (a JSONL file path)")
+        for attr in ("train_file", "test_file"):
+            value = getattr(self, attr)
+            if value is not None and not Path(value).expanduser().is_file():
+                raise ValueError(f"task.{attr}: file not found: {value}")
+        if self.prompt_field == self.answer_field:
+            raise ValueError("task.prompt_field and task.answer_field must differ")
+
+
+def check_rg_dataset(name: str, kwargs: dict[str, Any]) -> None:
+    """Check a reasoning-gym dataset name and its kwargs without generating anything."""
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, DATASETS, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(RG_PREFIX + c for c in close)}?" if close else ""
+        raise ValueError(
+            f"task.name {RG_PREFIX + name!r}: no reasoning-gym dataset {name!r}.{hint} "
+            f"({len(DATASETS)} datasets exist, e.g. rg:countdown, rg:basic_arithmetic)"
+        )
+    _, config_cls = DATASETS[name]
+    reserved = sorted({"seed", "size"} & kwargs.keys())
+    if reserved:
+        raise ValueError(
+            f"task.kwargs {reserved} are set by cadence (use task.seed / task.test_size)"
+        )
+    fields = {f.name for f in dataclasses.fields(config_cls)} - {"seed", "size"}
+    unknown = sorted(kwargs.keys() - fields)
+    if unknown:
+        raise ValueError(
+            f"task.kwargs {unknown} are not options of reasoning-gym dataset {name!r}; "
+            f"valid: {sorted(fields)}"
+        )
+    try:
+        config = config_cls(**kwargs)
+        if callable(getattr(config, "validate", None)):
+            config.validate()
+    except Exception as exc:  # the dataset's own checks: assertion, type or value errors
+        raise ValueError(
+            f"task.kwargs rejected by reasoning-gym dataset {name!r}: {type(exc).__name__}: {exc}"
+        ) from exc

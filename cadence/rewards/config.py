@@ -1,0 +1,62 @@
+"""`RewardConfig`: which reward scores a response, and how it is sandboxed.
+
+Reward names:
+
+* ``"auto"``: the task's default (arith and jsonl: exact_match; rg:*: reasoning_gym).
+* ``"exact_match"``: extracted answer == gold, after stripping whitespace.
+* ``"math_verify"``: math-verify equivalence (``1/2`` == ``0.5`` == ``\\frac{1}{2}``).
+* ``"reasoning_gym"``: the reasoning-gym dataset's own scorer (partial credit possible).
+* ``"python:pkg.module:fn"`` or ``"python:/path/to/file.py:fn"``: a user function
+  ``fn(prompt: Prompt, response: str) -> float``; checked (imported) at load time.
+
+Every reward runs inside `RewardGuard` worker processes: one that raises, hangs
+past `timeout_s` or returns a non-finite value scores 0.0 and is counted.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+BUILTIN_REWARDS = ("exact_match", "math_verify", "reasoning_gym")
+PYTHON_PREFIX = "python:"
+
+
+class RewardConfig(BaseModel):
+    """How responses are scored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        "auto",
+        description="'auto' (the task's default), 'exact_match', 'math_verify', "
+        "'reasoning_gym', or 'python:module:function' / 'python:/file.py:function'.",
+    )
+    timeout_s: float = Field(
+        5.0, gt=0, description="Seconds one response may take to score before it gets 0.0."
+    )
+    workers: int = Field(
+        1, ge=1, description="Reward worker processes (parallel scoring, isolated from training)."
+    )
+    extract: Literal["auto", "none", "first_line", "answer_tag"] = Field(
+        "auto",
+        description="How built-in rewards take the answer from a response: 'none' (all of "
+        "it), 'first_line' (first non-empty line), 'answer_tag' (last <answer>...</answer>, "
+        "else all of it), or 'auto' (the task's convention). python: rewards get the raw text.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name == "auto" or name in BUILTIN_REWARDS:
+            return name
+        if name.startswith(PYTHON_PREFIX):
+            from cadence.rewards.verifiers import resolve_python_reward
+
+            resolve_python_reward(name)  # raises ValueError with the reason
+            return name
+        raise ValueError(
+            f"reward.name {name!r} is unknown: use 'auto', {', '.join(map(repr, BUILTIN_REWARDS))}, "
+            "or 'python:module:function' / 'python:/path/file.py:function'"
+        )

@@ -1,0 +1,298 @@
+"""Reward functions: ``fn(prompt, response) -> float``, built by name.
+
+Built-in rewards are small top-level classes rather than closures so that they
+pickle: `RewardGuard` can then run them under any multiprocessing start method,
+not only 'fork'. They may raise or hang on hostile input; containing that is
+the guard's job, not theirs.
+
+Constructors warm up (import math-verify / reasoning-gym, run one check) in
+the calling process: forked guard workers inherit that, so a freshly restarted
+worker does not spend its first timeout window importing sympy.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib
+import importlib.util
+import inspect
+import logging
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from cadence.data.tasks import Extract, Prompt, stable_hash
+from cadence.rewards.config import PYTHON_PREFIX, RewardConfig
+
+if TYPE_CHECKING:
+    from cadence.data.tasks import Task
+
+RewardFn = Callable[[Prompt, str], float]
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_answer(response: str, mode: Extract) -> str:
+    """The part of `response` a built-in reward compares, stripped of whitespace.
+
+    'answer_tag' takes the *last* tagged answer, so a response cannot list
+    several guesses and have the first one checked.
+    """
+    if mode == "first_line":
+        return next((line.strip() for line in response.splitlines() if line.strip()), "")
+    if mode == "answer_tag":
+        tagged = _ANSWER_TAG.findall(response)
+        return (tagged[-1] if tagged else response).strip()
+    if mode == "none":
+        return response.strip()
+    raise ValueError(f"unknown extract mode {mode!r}")
+
+
+class ExactMatch:
+    """1.0 when the extracted answer equals the gold answer (both stripped), else 0.0."""
+
+    def __init__(self, extract: Extract = "none") -> None:
+        self.extract = extract
+
+    def __call__(self, prompt: Prompt, response: str) -> float:
+        return float(extract_answer(response, self.extract) == prompt.answer.strip())
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    """math-verify warns once that its timeout is off; `RewardGuard` enforces ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+@functools.lru_cache(maxsize=1)
+def _quiet_math_verify() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> list:
+    from math_verify import parse
+
+    return parse(answer, parsing_timeout=None)
+
+
+class MathVerify:
+    """1.0 when math-verify finds the response equivalent to the gold answer.
+
+    math-verify's own timeouts use signal.alarm, which only works in the main
+    thread; they are disabled here (parsing_timeout / timeout_seconds = None)
+    so this works in any thread, and the guard's process timeout bounds it.
+    """
+
+    def __init__(self, extract: Extract = "none") -> None:
+        self.extract = extract
+        self(Prompt("warm-up", "", "1/2"), "\\frac{1}{2}")  # ~0.7 s of imports, once
+
+    def __call__(self, prompt: Prompt, response: str) -> float:
+        from math_verify import parse, verify
+
+        _quiet_math_verify()
+        gold = _parse_gold(prompt.answer)
+        if not gold:
+            raise ValueError(f"math-verify cannot parse the gold answer {prompt.answer!r}")
+        predicted = parse(extract_answer(response, self.extract), parsing_timeout=None)
+        return float(verify(gold, predicted, timeout_seconds=None))
+
+
+# Several reasoning-gym scorers run the model's answer through eval() or sympy's
+# parse_expr (an eval): `__import__('os').system(...)` as a countdown answer
+# executes. Worker processes contain crashes and hangs, not side effects, so
+# answers these scorers would evaluate are first checked against what a
+# legitimate answer can look like; anything else is scored as an empty answer.
+_ARITHMETIC_ONLY = frozenset({"countdown", "puzzle24"})
+_ARITHMETIC_TEXT = re.compile(r"[0-9+\-*/(). ]{0,300}")
+_LITERAL_EVAL = frozenset({"string_insertion", "spiral_matrix", "binary_matrix", "n_queens"})
+_SYMPY_EXPRESSION = frozenset(
+    {"polynomial_multiplication", "simple_integration", "intermediate_integration"}
+)
+_EXPRESSION_TEXT = re.compile(r"[A-Za-z0-9+\-*/^()., ]{0,1000}")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_VARIABLE = re.compile(r"[A-Za-z]\d*")
+_MATH_NAMES = frozenset(
+    "sin cos tan cot sec csc asin acos atan acot sinh cosh tanh coth asinh acosh atanh "
+    "exp log ln sqrt cbrt pi E I oo Abs sign floor ceiling factorial erf gamma Integral "
+    "Rational".split()
+)
+
+
+def defuse_answer(dataset: str, answer: str, entry: dict[str, Any]) -> str:
+    """`answer`, or "" if the dataset's scorer would evaluate it as code."""
+    if dataset in _ARITHMETIC_ONLY:
+        ok = bool(_ARITHMETIC_TEXT.fullmatch(answer)) and "**" not in answer
+    elif dataset in _SYMPY_EXPRESSION:
+        ok = bool(_EXPRESSION_TEXT.fullmatch(answer)) and all(
+            name in _MATH_NAMES or _VARIABLE.fullmatch(name) for name in _IDENTIFIER.findall(answer)
+        )
+    elif dataset in _LITERAL_EVAL:
+        golds = {entry.get("answer"), *entry.get("metadata", {}).get("valid_answers", ())}
+        ok = answer in golds or _is_literal(answer)
+    else:
+        ok = True
+    return answer if ok else ""
+
+
+def _is_literal(text: str) -> bool:
+    """True when eval(text) can only build literals (lists, strings, numbers)."""
+    try:
+        ast.literal_eval(text)
+    except Exception:  # SyntaxError, ValueError, RecursionError, MemoryError...
+        return False
+    return True
+
+
+class ReasoningGymReward:
+    """The reasoning-gym dataset's own `score_answer(answer, entry)`.
+
+    The scorer comes from a dataset built with the task's kwargs, because some
+    scorers read their config (puzzle24 checks value ranges). Scores can be
+    partial: countdown gives 0.01 / 0.05 for wrong answers, and the default
+    scorer gives len(gold)/len(answer) when the gold is a substring.
+    """
+
+    def __init__(
+        self, extract: Extract = "answer_tag", kwargs_by_dataset: dict[str, dict] | None = None
+    ) -> None:
+        self.extract = extract
+        self.kwargs_by_dataset = dict(kwargs_by_dataset or {})
+        self._scorers: dict[str, Callable[[str, dict], float]] = {}
+        import reasoning_gym  # noqa: F401  (warm-up, see the module docstring)
+
+        for dataset in self.kwargs_by_dataset:
+            self._scorer(dataset)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "extract": self.extract,
+            "kwargs_by_dataset": self.kwargs_by_dataset,
+            "_scorers": {},
+        }
+
+    def _scorer(self, dataset: str) -> Callable[[str, dict], float]:
+        if dataset not in self._scorers:
+            import reasoning_gym
+
+            kwargs = self.kwargs_by_dataset.get(dataset, {})
+            self._scorers[dataset] = reasoning_gym.create_dataset(
+                dataset, size=1, seed=0, **kwargs
+            ).score_answer
+        return self._scorers[dataset]
+
+    def __call__(self, prompt: Prompt, response: str) -> float:
+        entry = prompt.meta.get("entry")
+        if not isinstance(entry, dict):
+            raise ValueError("the reasoning_gym reward needs prompt.meta['entry'] (an rg:* task)")
+        dataset = entry["metadata"]["source_dataset"]
+        answer = defuse_answer(dataset, extract_answer(response, self.extract), entry)
+        return float(self._scorer(dataset)(answer, entry))
+
+
+def _load_file_module(path: Path) -> ModuleType:
+    name = f"cadence_user_reward_{stable_hash(path.resolve()):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def resolve_python_reward(spec: str) -> RewardFn:
+    """Import the function a ``python:target:function`` spec names; ValueError says why not.
+
+    `target` is a module path (``pkg.rewards``) or a file (``/abs/rewards.py``,
+    ``./rewards.py``). The function must accept ``(prompt, response)``.
+    """
+    body = spec[len(PYTHON_PREFIX) :] if spec.startswith(PYTHON_PREFIX) else spec
+    target, _, func_name = body.rpartition(":")
+    where = f"reward.name {spec!r}"
+    if not target or not func_name:
+        raise ValueError(
+            f"{where}: expected 'python:module.path:function' or 'python:/path/file.py:function'"
+        )
+    is_file = target.endswith(".py") or "/" in target
+    path = Path(target).expanduser()
+    if is_file and not path.is_file():
+        raise ValueError(f"{where}: file not found: {path}")
+    try:
+        module = _load_file_module(path) if is_file else importlib.import_module(target)
+    except (Exception, SystemExit) as exc:  # any error while importing user code
+        raise ValueError(
+            f"{where}: importing {target!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        close = difflib.get_close_matches(func_name, names, n=3)
+        hint = (
+            f" Did you mean: {', '.join(close)}?"
+            if close
+            else f" Callables there: {sorted(names)[:20]}"
+        )
+        raise ValueError(f"{where}: {target!r} has no function {func_name!r}.{hint}")
+    if not callable(fn):
+        raise ValueError(f"{where}: {target}.{func_name} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind(None, "")
+    except TypeError as exc:
+        raise ValueError(f"{where}: {func_name} must accept (prompt, response): {exc}") from None
+    except ValueError:
+        pass  # no introspectable signature (some builtins): trust it
+    return fn
+
+
+class PythonReward:
+    """A user function named by a ``python:`` spec; pickles as the spec, re-imported on use."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._fn: RewardFn | None = resolve_python_reward(spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "_fn": None}
+
+    def __call__(self, prompt: Prompt, response: str) -> float:
+        if self._fn is None:
+            self._fn = resolve_python_reward(self.spec)
+        return self._fn(prompt, response)
+
+
+def build_reward(cfg: RewardConfig, task: Task | None = None) -> RewardFn:
+    """The reward function `cfg` names; "auto" name/extract come from `task`."""
+    name, extract = cfg.name, cfg.extract
+    if name.startswith(PYTHON_PREFIX):
+        return PythonReward(name)  # user functions see the raw response
+    if task is None and (name == "auto" or extract == "auto"):
+        raise ValueError("reward.name / reward.extract 'auto' need a task to take defaults from")
+    if name == "auto":
+        name = task.default_reward  # type: ignore[union-attr]
+    if extract == "auto":
+        extract = task.default_extract  # type: ignore[union-attr]
+    if name == "exact_match":
+        return ExactMatch(extract)
+    if name == "math_verify":
+        return MathVerify(extract)
+    if name == "reasoning_gym":
+        from cadence.data.reasoning_gym import ReasoningGymTask
+
+        kwargs = {task.dataset: task.kwargs} if isinstance(task, ReasoningGymTask) else {}
+        return ReasoningGymReward(extract, kwargs)
+    raise ValueError(f"reward.name {name!r} is unknown")

@@ -1,0 +1,539 @@
+"""Policy losses, mismatch correction and AlgorithmConfig: hand-computed values and gradients.
+
+Conventions: a test builds log-probs from the ratios it wants
+(log pi_theta = log pi_old + log r), so every number below can be checked by
+hand. Gradients are d loss / d log pi_theta(y_t).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from cadence.algo import losses
+from cadence.algo.aggregation import batch_denominators
+from cadence.algo.config import AlgorithmConfig
+from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+
+DT = torch.float64
+
+
+def T(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=DT)
+
+
+def inputs_from_ratios(ratios, adv, mask=None, old=None, **extra) -> PolicyLossInputs:
+    """log pi_theta = log pi_old + log r, with pi_old = 0.5 unless given."""
+    ratios = T(ratios)
+    old = T(old) if old is not None else torch.full_like(ratios, math.log(0.5))
+    logp = (old + ratios.log()).clone().requires_grad_(True)
+    mask = T(mask) if mask is not None else torch.ones_like(ratios)
+    return PolicyLossInputs(logprobs=logp, old_logprobs=old, advantages=T(adv), mask=mask, **extra)
+
+
+def loss_and_grad(inp: PolicyLossInputs, cfg: AlgorithmConfig, **kw):
+    out = compute_policy_loss(inp, cfg, **kw)
+    (grad,) = torch.autograd.grad(out.loss, inp.logprobs)
+    return out, grad
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_lists_every_loss_with_a_description():
+    expected = {
+        "ppo",
+        "grpo",
+        "dr_grpo",
+        "gspo",
+        "decoupled_ppo",
+        "tis",
+        "cispo",
+        "topr",
+        "reinforce",
+    }
+    assert expected <= set(losses.names())
+    assert set(losses.describe()) == set(losses.names())
+    assert all(line for line in losses.describe().values())
+    assert losses.get("ppo") is losses.ppo_loss
+    with pytest.raises(KeyError, match="valid: ppo"):
+        losses.get("nope")
+
+
+# ----------------------------------------------------------------------------- PPO family
+
+
+def test_ppo_clip_values_gradients_and_clip_fraction():
+    # r:   0.5   1.0   1.5   0.5   1.5      A: +1 +1 +1 -1 -1, eps 0.2
+    # min(rA, clip(r)A): 0.5, 1.0, 1.2 (clipped), -0.8 (clipped), -1.5
+    # loss (token-mean) = -(0.5 + 1 + 1.2 - 0.8 - 1.5) / 5 = -0.08
+    inp = inputs_from_ratios([[0.5, 1.0, 1.5, 0.5, 1.5]], [[1.0, 1.0, 1.0, -1.0, -1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="ppo"))
+    assert out.loss.item() == pytest.approx(-0.08)
+    # unclipped tokens: d(-rA)/dlog pi = -rA; clipped tokens: 0.
+    assert torch.allclose(grad, T([[-0.5, -1.0, 0.0, 0.0, 1.5]]) / 5)
+    assert out.metrics["clip_fraction"] == pytest.approx(0.4)
+    assert out.metrics["ratio_max"] == pytest.approx(1.5)
+    assert out.metrics["ratio_min"] == pytest.approx(0.5)
+    assert out.metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_ppo_asymmetric_eps():
+    # eps_low 0.1, eps_high 0.3.  r=0.85, A=-1 -> clip to 0.9: loss 0.9 (clipped, no grad)
+    # r=1.25, A=+1 -> inside: loss -1.25;  r=1.35, A=+1 -> 1.3: loss -1.3 (clipped)
+    inp = inputs_from_ratios([[0.85, 1.25, 1.35]], [[-1.0, 1.0, 1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="ppo", eps_low=0.1, eps_high=0.3))
+    assert out.loss.item() == pytest.approx((0.9 - 1.25 - 1.3) / 3)
+    assert torch.allclose(grad, T([[0.0, -1.25, 0.0]]) / 3)
+
+
+def test_ppo_dual_clip_caps_negative_advantage_loss():
+    # A = -1, c = 3. r=4: -min(-4, -1.2) = 4 > 3 -> capped at 3, no gradient.
+    # r=2: loss 2 < 3, untouched, gradient -rA = 2.
+    inp = inputs_from_ratios([[4.0, 2.0]], [[-1.0, -1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="ppo", dual_clip=3.0))
+    assert out.loss.item() == pytest.approx((3.0 + 2.0) / 2)
+    assert torch.allclose(grad, T([[0.0, 2.0]]) / 2)
+    assert out.metrics["dual_clip_fraction"] == pytest.approx(0.5)
+    # Without the dual clip the r=4 token costs 4.
+    out = compute_policy_loss(
+        inputs_from_ratios([[4.0, 2.0]], [[-1.0, -1.0]]), AlgorithmConfig(loss="ppo")
+    )
+    assert out.loss.item() == pytest.approx(3.0)
+
+
+def test_masked_tokens_are_ignored_even_when_they_hold_garbage():
+    # Position 2 is padding: -inf log-prob and NaN advantage must not leak into loss or grad.
+    logp = T([[math.log(0.5), math.log(0.5), -math.inf]]).requires_grad_(True)
+    inp = PolicyLossInputs(
+        logprobs=logp,
+        old_logprobs=T([[math.log(0.5), math.log(0.5), 0.0]]),
+        advantages=T([[1.0, -1.0, math.nan]]),
+        mask=T([[1.0, 1.0, 0.0]]),
+    )
+    for name in losses.names():
+        cfg = AlgorithmConfig(loss=name, max_response_length=3)
+        extra = {"sequence_rewards": T([1.0])} if name == "topr" else {}
+        out, grad = loss_and_grad(PolicyLossInputs(**{**inp.__dict__, **extra}), cfg)
+        assert torch.isfinite(out.loss), name
+        assert torch.isfinite(grad).all() and grad[0, 2] == 0, name
+
+
+def test_grpo_and_dr_grpo_share_the_ppo_token_term():
+    inp = inputs_from_ratios([[0.5, 1.5, 1.1]], [[1.0, -1.0, 2.0]])
+    ppo = compute_policy_loss(inp, AlgorithmConfig(loss="ppo")).loss
+    grpo = compute_policy_loss(inp, AlgorithmConfig(loss="grpo")).loss
+    dr = compute_policy_loss(inp, AlgorithmConfig(loss="dr_grpo", aggregation="token-mean")).loss
+    assert ppo.item() == pytest.approx(grpo.item()) and ppo.item() == pytest.approx(dr.item())
+
+
+def test_dr_grpo_divides_by_a_constant_length():
+    # Two sequences of lengths 2 and 1, per-token losses -rA = -1 each (r = 1, A = 1).
+    # Dr. GRPO: sum of all token losses / (L * S) = -3 / (4 * 2).
+    inp = inputs_from_ratios(
+        [[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]], mask=[[1, 1], [1, 0]]
+    )
+    cfg = AlgorithmConfig(loss="dr_grpo", max_response_length=4)
+    assert cfg.aggregation == "seq-mean-token-sum-norm" and cfg.std_normalize is False
+    assert compute_policy_loss(inp, cfg).loss.item() == pytest.approx(-3 / 8)
+
+
+# ----------------------------------------------------------------------------- GSPO
+
+
+def test_gspo_sequence_ratio_clip_and_gradient():
+    # seq 0: log r = [0.1, -0.1, 0.3] -> s0 = exp(0.1) = 1.10517 (inside [0.8, 1.2]), A = 1
+    # seq 1: log r = [0.5, 0.5, (5.0 masked)] -> s1 = exp(0.5) = 1.6487 > 1.2, A = 1: clipped
+    # seq-mean-token-mean: loss = (-s0 + -1.2) / 2
+    s0 = math.exp(0.1)
+    ratios = [
+        [math.exp(0.1), math.exp(-0.1), math.exp(0.3)],
+        [math.exp(0.5), math.exp(0.5), math.exp(5.0)],
+    ]
+    inp = inputs_from_ratios(ratios, [[1.0] * 3, [1.0] * 3], mask=[[1, 1, 1], [1, 1, 0]])
+    cfg = AlgorithmConfig(loss="gspo", gspo_eps_low=0.2, gspo_eps_high=0.2)
+    assert cfg.aggregation == "seq-mean-token-mean"
+    out, grad = loss_and_grad(inp, cfg)
+    assert out.loss.item() == pytest.approx((-s0 - 1.2) / 2)
+    # d/d log pi_t of -A s0 averaged over 3 tokens and 2 sequences: -A s0 / (3 * 2) per token.
+    assert torch.allclose(grad[0], torch.full((3,), -s0 / 6, dtype=DT))
+    assert torch.all(grad[1] == 0)
+    assert out.metrics["clip_fraction"] == pytest.approx(2 / 5)
+
+
+def test_gspo_gradient_is_advantage_times_grad_of_sequence_ratio():
+    # GSPO's gradient is A_i * grad s_i with s_i = exp(mean_t log r_t); check against autograd on s_i.
+    torch.manual_seed(0)
+    old = -torch.rand(2, 4, dtype=DT)
+    logp = (old + 0.01 * torch.randn(2, 4, dtype=DT)).requires_grad_(True)
+    adv = T([[0.7] * 4, [-1.3] * 4])
+    mask = T([[1, 1, 1, 0], [1, 1, 1, 1]])
+    cfg = AlgorithmConfig(loss="gspo", gspo_eps_low=0.5, gspo_eps_high=0.5)
+    out = compute_policy_loss(
+        PolicyLossInputs(logprobs=logp, old_logprobs=old, advantages=adv, mask=mask), cfg
+    )
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    s = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))
+    (expected,) = torch.autograd.grad(-(adv[:, 0] * s).mean(), logp)
+    assert torch.allclose(grad, expected)
+
+
+# ----------------------------------------------------------------------------- decoupled PPO
+
+
+@pytest.mark.parametrize(
+    ("cap", "mode", "weight"), [(None, "truncate", 2.0), (1.5, "truncate", 1.5), (1.5, "mask", 0.0)]
+)
+def test_decoupled_ppo_behaviour_weight(cap, mode, weight):
+    # pi_old / mu = 2 on every token, r = 1, A = 1: the PPO token loss is -1, times sg(w).
+    old = [[math.log(0.5)] * 2]
+    inp = inputs_from_ratios(
+        [[1.0, 1.0]], [[1.0, 1.0]], old=old, behaviour_logprobs=T([[math.log(0.25)] * 2])
+    )
+    cfg = AlgorithmConfig(
+        loss="decoupled_ppo", decoupled_behaviour_cap=cap, decoupled_cap_mode=mode
+    )
+    out, grad = loss_and_grad(inp, cfg)
+    assert out.loss.item() == pytest.approx(-weight)
+    assert torch.allclose(grad, torch.full_like(grad, -weight / 2))
+
+
+def test_decoupled_ppo_clips_on_the_proximal_ratio():
+    # r = pi_theta/pi_old = 1.5 > 1.2 with A = 1: clipped, no gradient, however stale mu is.
+    inp = inputs_from_ratios([[1.5]], [[1.0]], behaviour_logprobs=T([[math.log(0.1)]]))
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="decoupled_ppo"))
+    assert out.loss.item() == pytest.approx(-5.0 * 1.2)  # w = 0.5 / 0.1 = 5
+    assert grad.item() == 0.0
+
+
+# ----------------------------------------------------------------------------- TIS, CISPO, TOPR, REINFORCE
+
+
+def test_tis_weight_is_truncated_and_detached():
+    # r = [0.5, 1.5] -> w = clamp(r, 0, 1) = [0.5, 1.0];  A = 2.
+    # loss = mean(-w A log pi); gradient = -w A / N (w contributes no gradient).
+    inp = inputs_from_ratios([[0.5, 1.5]], [[2.0, 2.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="tis"))
+    logp = inp.logprobs.detach()[0]
+    assert out.loss.item() == pytest.approx((-0.5 * 2 * logp[0] - 1.0 * 2 * logp[1]).item() / 2)
+    assert torch.allclose(grad, T([[-0.5, -1.0]]))
+    assert out.metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_cispo_detached_clipped_weight_gradient():
+    # eps 0.1/0.1: r = [0.5, 1.05, 1.5] -> w = [0.9, 1.05, 1.1]; A = 1; grad = -sg(w) A / 3.
+    inp = inputs_from_ratios([[0.5, 1.05, 1.5]], [[1.0, 1.0, 1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="cispo"))
+    assert torch.allclose(grad, T([[-0.9, -1.05, -1.1]]) / 3)
+    # Unlike PPO, the clipped r = 1.5 token still has a gradient.
+    _, ppo_grad = loss_and_grad(
+        inputs_from_ratios([[0.5, 1.05, 1.5]], [[1.0, 1.0, 1.0]]), AlgorithmConfig(loss="ppo")
+    )
+    assert ppo_grad[0, 2] == 0 and grad[0, 2] != 0
+
+
+def test_cispo_mask_drops_trust_region_violations():
+    # Masked: (A>0, r>1.1) -> token 2; (A<0, r<0.9) -> token 3. Kept: token 0 (A>0, r<0.9), token 1.
+    inp = inputs_from_ratios([[0.5, 1.05, 1.5, 0.5]], [[1.0, 1.0, 1.0, -1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="cispo", cispo_mask=True))
+    assert torch.allclose(grad, T([[-0.9, -1.05, 0.0, 0.0]]) / 4)
+    assert out.metrics["cispo_masked_fraction"] == pytest.approx(0.5)
+
+
+def test_topr_positive_sequences_have_no_is_weight():
+    # seq 0: reward 1 (positive), r = [0.5, 2], A = 0.5 -> grad -A / N on both tokens, no ratio.
+    # seq 1: reward 0 (not positive), r = [0.5, 2] -> w = [0.5, 1], A = -0.5 -> grad -w A / N.
+    inp = inputs_from_ratios(
+        [[0.5, 2.0], [0.5, 2.0]], [[0.5, 0.5], [-0.5, -0.5]], sequence_rewards=T([1.0, 0.0])
+    )
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="topr"))
+    assert torch.allclose(grad, T([[-0.5, -0.5], [0.25, 0.5]]) / 4)
+    assert out.metrics["positive_fraction"] == pytest.approx(0.5)
+    # The threshold is a knob: with threshold 1 seq 0 is no longer positive and gets w = [0.5, 1].
+    _, grad = loss_and_grad(inp, AlgorithmConfig(loss="topr", topr_reward_threshold=1.0))
+    assert torch.allclose(grad[0], T([-0.25, -0.5]) / 4)
+
+
+def test_topr_needs_sequence_rewards():
+    with pytest.raises(ValueError, match="sequence_rewards"):
+        compute_policy_loss(inputs_from_ratios([[1.0]], [[1.0]]), AlgorithmConfig(loss="topr"))
+
+
+def test_reinforce_value():
+    inp = inputs_from_ratios([[1.0, 1.0]], [[2.0, -1.0]])
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="reinforce"))
+    logp = math.log(0.5)
+    assert out.loss.item() == pytest.approx((-2.0 * logp + 1.0 * logp) / 2)
+    assert torch.allclose(grad, T([[-2.0, 1.0]]) / 2)
+
+
+# ----------------------------------------------------------------------------- mismatch correction
+
+
+@pytest.mark.parametrize(
+    ("mismatch", "weights"),
+    [
+        ({"mode": "none"}, [1.0, 1.0]),
+        ({"mode": "token", "cap": 2.0}, [2.0, 0.5]),  # rho = [3, 0.5], min(rho, 2)
+        ({"mode": "sequence"}, [1.5**0.5] * 2),  # geometric mean of 3 and 0.5
+        ({"mode": "sequence", "sequence_ratio": "product", "cap": 2.0}, [1.5, 1.5]),
+        ({"mode": "sequence", "sequence_ratio": "product", "cap": 1.2}, [1.2, 1.2]),
+        ({"mode": "mask", "low": 0.4, "high": 2.0}, [0.0, 1.0]),  # 3 rejected, 0.5 kept
+        ({"mode": "sequence_mask", "low": 0.5, "high": 1.2}, [0.0, 0.0]),  # sqrt(1.5) > 1.2
+    ],
+)
+def test_mismatch_weights_multiply_the_token_loss(mismatch, weights):
+    # REINFORCE token loss -A log pi with A = 1; gradient = -w / N, w detached.
+    old = [[math.log(0.6), math.log(0.2)]]
+    behaviour = T([[math.log(0.2), math.log(0.4)]])  # rho = pi_old/mu = [3, 0.5]
+    inp = inputs_from_ratios([[1.0, 1.0]], [[1.0, 1.0]], old=old, behaviour_logprobs=behaviour)
+    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="reinforce", mismatch=mismatch))
+    assert torch.allclose(grad, -T([weights]) / 2)
+    assert out.metrics["mismatch_masked_fraction"] == pytest.approx(
+        sum(w == 0 for w in weights) / 2
+    )
+
+
+def test_mismatch_masked_tokens_stay_in_the_denominator():
+    # Token 0 rejected: the loss is the kept token's loss / 2, not / 1.
+    old = [[math.log(0.6), math.log(0.2)]]
+    inp = inputs_from_ratios(
+        [[1.0, 1.0]], [[1.0, 1.0]], old=old, behaviour_logprobs=T([[math.log(0.2)] * 2])
+    )
+    out = compute_policy_loss(inp, AlgorithmConfig(loss="reinforce", mismatch={"mode": "mask"}))
+    assert out.loss.item() == pytest.approx(-math.log(0.2) / 2)
+
+
+# ----------------------------------------------------------------------------- KL and entropy terms
+
+
+def test_kl_and_entropy_terms_join_the_loss_when_supplied():
+    # r = 1, A = 0 -> policy term 0. pi = 0.5, pi_ref = 0.25: k3 = 0.5 + ln 2 - 1 per token.
+    inp = inputs_from_ratios(
+        [[1.0, 1.0]], [[0.0, 0.0]], ref_logprobs=T([[math.log(0.25)] * 2]), entropy=T([[0.3, 0.5]])
+    )
+    cfg = AlgorithmConfig(kl={"coef": 0.1}, entropy_coef=0.01)
+    out, grad = loss_and_grad(inp, cfg)
+    k3 = 0.5 + math.log(2) - 1
+    assert out.loss.item() == pytest.approx(0.1 * k3 - 0.01 * 0.4)
+    assert out.metrics["kl_ref"] == pytest.approx(k3) and out.metrics["entropy"] == pytest.approx(
+        0.4
+    )
+    # d k3 / d log pi = 1 - pi_ref / pi = 0.5, times coef, over 2 tokens.
+    assert torch.allclose(grad, torch.full_like(grad, 0.1 * 0.5 / 2))
+    # kl.mode = "reward": reported, not added.
+    cfg = AlgorithmConfig(advantage="gae", kl={"coef": 0.1, "mode": "reward"})
+    out = compute_policy_loss(inp, cfg)
+    assert out.loss.item() == pytest.approx(0.0) and out.metrics["kl_ref"] == pytest.approx(k3)
+
+
+# ----------------------------------------------------------------------------- micro-batching
+
+
+@pytest.mark.parametrize("loss", ["ppo", "gspo", "decoupled_ppo", "cispo", "topr", "dr_grpo"])
+@pytest.mark.parametrize(
+    "aggregation",
+    ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+)
+def test_micro_batch_losses_sum_to_the_full_batch_loss(loss, aggregation):
+    g = torch.Generator().manual_seed(1)
+    B, L = 6, 5
+    old = -torch.rand(B, L, generator=g, dtype=DT) * 3
+    logp = (old + 0.3 * torch.randn(B, L, generator=g, dtype=DT)).requires_grad_(True)
+    mask = (torch.rand(B, L, generator=g) < 0.7).to(DT)
+    mask[3] = 0.0  # an empty row must not change S
+    inp = dict(
+        old_logprobs=old,
+        advantages=torch.randn(B, L, generator=g, dtype=DT),
+        mask=mask,
+        behaviour_logprobs=old + 0.1 * torch.randn(B, L, generator=g, dtype=DT),
+        sequence_rewards=torch.randn(B, generator=g, dtype=DT),
+        ref_logprobs=old - 0.2,
+        entropy=torch.rand(B, L, generator=g, dtype=DT),
+    )
+    cfg = AlgorithmConfig(
+        loss=loss,
+        aggregation=aggregation,
+        max_response_length=8,
+        kl={"coef": 0.05},
+        entropy_coef=0.01,
+    )
+    full = compute_policy_loss(PolicyLossInputs(logprobs=logp, **inp), cfg).loss
+    (full_grad,) = torch.autograd.grad(full, logp)
+
+    n_tok, n_seq = batch_denominators(mask)
+    total, micro_grad = 0.0, torch.zeros_like(logp)
+    for rows in torch.arange(B).split(4):
+        part = {k: v[rows] for k, v in inp.items()}
+        lp = logp.detach()[rows].requires_grad_(True)
+        out = compute_policy_loss(PolicyLossInputs(logprobs=lp, **part), cfg, n_tok, n_seq)
+        (g_part,) = torch.autograd.grad(out.loss, lp)
+        micro_grad[rows] = g_part
+        total += out.loss.item()
+    assert total == pytest.approx(full.item(), abs=1e-12)
+    assert torch.allclose(micro_grad, full_grad, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- property tests
+
+
+@st.composite
+def random_case(draw):
+    B = draw(st.integers(1, 4))
+    L = draw(st.integers(1, 6))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, L, generator=g, dtype=DT) * 8
+    mask = (torch.rand(B, L, generator=g) < draw(st.floats(0.0, 1.0))).to(DT)
+    if draw(st.booleans()):
+        mask[draw(st.integers(0, B - 1))] = 0.0
+    tensors = dict(
+        old_logprobs=old,
+        advantages=torch.randn(B, L, generator=g, dtype=DT) * 3,
+        mask=mask,
+        behaviour_logprobs=old + torch.randn(B, L, generator=g, dtype=DT) * 2,
+        sequence_rewards=torch.randn(B, generator=g, dtype=DT),
+    )
+    log_ratio = torch.randn(B, L, generator=g, dtype=DT) * 2  # ratios from ~e^-6 to ~e^6
+    return tensors, log_ratio
+
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(
+    case=random_case(),
+    loss=st.sampled_from(sorted(losses.names())),
+    aggregation=st.sampled_from(
+        ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    ),
+    mismatch=st.sampled_from(["none", "token", "sequence", "mask", "sequence_mask"]),
+    dual_clip=st.sampled_from([None, 3.0]),
+    cispo_mask=st.booleans(),
+)
+def test_every_loss_is_finite_on_random_inputs(
+    case, loss, aggregation, mismatch, dual_clip, cispo_mask
+):
+    assume(not (loss == "decoupled_ppo" and mismatch in ("token", "sequence")))
+    tensors, log_ratio = case
+    logp = (tensors["old_logprobs"] + log_ratio).requires_grad_(True)
+    cfg = AlgorithmConfig(
+        loss=loss,
+        aggregation=aggregation,
+        max_response_length=6,
+        mismatch={"mode": mismatch},
+        dual_clip=dual_clip,
+        cispo_mask=cispo_mask,
+    )
+    out = compute_policy_loss(PolicyLossInputs(logprobs=logp, **tensors), cfg)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert torch.isfinite(out.loss)
+    assert torch.isfinite(grad).all()
+    assert all(math.isfinite(v) for v in out.metrics.values())
+
+
+# Every registered loss reduces to REINFORCE's *gradient* -A grad log pi when pi_theta = pi_old = mu:
+#   ppo/grpo/dr_grpo: r = 1 sits strictly inside the clip, and d(rA)/d log pi = rA = A
+#     (the dual-clip cap -cA, c > 1, exceeds the loss |A| for A < 0, so it is inactive too);
+#   gspo: s_i = 1 inside the clip, d s_{i,t} / d log pi_t = s_i = 1;
+#   decoupled_ppo: the behaviour weight pi_old/mu = 1;
+#   tis / cispo / topr: their detached weights are clamp(1) = 1 (CISPO's mask needs r != 1).
+# Loss *values* differ (PPO's is -A, REINFORCE's -A log pi), so gradients are compared.
+# Nothing is excluded among the built-in losses; a loss whose math differs at r = 1
+# (e.g. one with an extra regulariser) would have to be listed here and skipped.
+REINFORCE_EQUIVALENT = sorted(losses.names())
+
+
+@PROPERTY
+@given(
+    case=random_case(),
+    loss=st.sampled_from(REINFORCE_EQUIVALENT),
+    aggregation=st.sampled_from(
+        ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    ),
+    dual_clip=st.sampled_from([None, 3.0]),
+    cispo_mask=st.booleans(),
+)
+def test_every_loss_has_the_reinforce_gradient_at_ratio_one(
+    case, loss, aggregation, dual_clip, cispo_mask
+):
+    tensors, _ = case
+    tensors = {**tensors, "behaviour_logprobs": tensors["old_logprobs"]}
+    grads = []
+    for name in (loss, "reinforce"):
+        cfg = AlgorithmConfig(
+            loss=name,
+            aggregation=aggregation,
+            max_response_length=6,
+            dual_clip=dual_clip,
+            cispo_mask=cispo_mask,
+        )
+        logp = tensors["old_logprobs"].clone().requires_grad_(True)
+        out = compute_policy_loss(PolicyLossInputs(logprobs=logp, **tensors), cfg)
+        grads.append(torch.autograd.grad(out.loss, logp)[0])
+    assert torch.allclose(grads[0], grads[1], atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_defaults_and_field_descriptions():
+    cfg = AlgorithmConfig()
+    assert (cfg.loss, cfg.advantage, cfg.aggregation) == ("grpo", "grpo", "token-mean")
+    assert (cfg.eps_low, cfg.eps_high, cfg.cispo_eps_low, cfg.cispo_eps_high) == (
+        0.2,
+        0.2,
+        0.1,
+        0.1,
+    )
+    assert (cfg.kl.estimator, cfg.kl.mode, cfg.mismatch.mode, cfg.mismatch.cap) == (
+        "k3",
+        "loss",
+        "none",
+        2.0,
+    )
+    for model in (AlgorithmConfig, type(cfg.kl), type(cfg.mismatch)):
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name} has no description"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"loss": "ppo2"}, "valid: ppo, grpo"),
+        ({"advantage": "gea"}, "valid: grpo, rloo"),
+        ({"eps_low": 1.0}, "eps_low=1.0 must be in"),
+        ({"eps_high": -0.1}, "eps_high=-0.1"),
+        ({"dual_clip": 1.0}, "dual_clip=1.0 must be > 1"),
+        ({"decoupled_behaviour_cap": 0.5}, "decoupled_behaviour_cap"),
+        ({"aggregation": "seq-mean-token-sum-norm"}, "max_response_length"),
+        ({"loss": "decoupled_ppo", "mismatch": {"mode": "token"}}, "twice"),
+        ({"kl": {"coef": 0.1, "mode": "reward"}}, "kl.mode='reward'"),
+        ({"kl": {"coef": -1.0}}, "kl.coef"),
+        ({"mismatch": {"low": 2.0, "high": 1.0}}, "low < high"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"tis_low": 2.0, "tis_cap": 1.0}, "tis_low"),
+        ({"epsilon": 0.2}, "Extra inputs are not permitted"),
+    ],
+)
+def test_config_rejects_bad_values_with_a_helpful_message(kwargs, message):
+    with pytest.raises(ValidationError, match=message):
+        AlgorithmConfig(**kwargs)
+
+
+def test_loss_presets_apply_only_to_unset_fields():
+    cfg = AlgorithmConfig(loss="dr_grpo", max_response_length=64)
+    assert cfg.aggregation == "seq-mean-token-sum-norm" and cfg.std_normalize is False
+    cfg = AlgorithmConfig(loss="dr_grpo", aggregation="token-mean", std_normalize=True)
+    assert cfg.aggregation == "token-mean" and cfg.std_normalize is True
+    assert AlgorithmConfig(loss="gspo").aggregation == "seq-mean-token-mean"
+    assert AlgorithmConfig(loss="ppo").aggregation == "token-mean"
+    # Round trip through a dict (YAML) keeps the resolved values.
+    cfg = AlgorithmConfig(loss="dr_grpo", max_response_length=64)
+    assert AlgorithmConfig(**cfg.model_dump()) == cfg
