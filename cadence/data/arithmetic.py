@@ -7,7 +7,15 @@ updates) can be exercised and *seen to improve* without a GPU or a model hub.
 End-of-answer convention: an answer is followed by `TERMINATOR` ("\\n"). SFT
 completions end with it, and the task's `stop` strings are `(TERMINATOR,)`, so
 a sampler that stops on them ends exactly where the warm-up taught the model
-to end. The built-in reward for this task is exact match on the first line.
+to end. The built-in reward for this task is exact match on the last number
+of the first line.
+
+Two ways to answer. SFT completions are either the bare sum ("1112") or, for a
+`cot_fraction` of them, worked column addition ending in the sum
+("3+9=12,2+8+1=11,1+9+1=11,1112"). A tiny model answers far more accurately
+when it works the columns, but after a warm-up on mostly bare answers it
+rarely chooses to: which way to answer is what RL on this task learns first,
+a small-scale version of RL teaching a model to reason before answering.
 """
 
 from __future__ import annotations
@@ -32,11 +40,18 @@ class ArithOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     operations: list[Operation] = Field(
-        default_factory=lambda: ["+", "-"],
+        default_factory=lambda: ["+"],
         min_length=1,
         description="Operators to sample from; '-' may give negative answers.",
     )
-    digits: int = Field(2, ge=1, le=9, description="Operands are uniform in [0, 10**digits - 1].")
+    digits: int = Field(3, ge=1, le=9, description="Operands are uniform in [0, 10**digits - 1].")
+    cot_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="Share of SFT completions that show worked column addition before "
+        "the answer ('+' only; other operators are always answered directly).",
+    )
 
     @field_validator("operations")
     @classmethod
@@ -76,7 +91,7 @@ class ArithmeticTask:
     """Random "a<op>b=" problems; the test split is a fixed held-out sample."""
 
     default_reward = "exact_match"
-    default_extract: Extract = "first_line"
+    default_extract: Extract = "last_number"
     stop = (TERMINATOR,)
 
     def __init__(
@@ -158,8 +173,26 @@ class ArithmeticTask:
         model to end its answer where the sampler's stop string cuts it.
         """
         seed = self.seed if seed is None else seed
+        rng = random.Random(stable_hash("arith", "sft-style", seed))
         out = []
         for k, index in enumerate(self._train_indices(n, seed, "sft")):
             prompt = self._prompt(index, f"arith-sft-{seed}-{k}")
-            out.append((prompt.text, prompt.answer + TERMINATOR))
+            a, op, b = self._decode(index)
+            answer = prompt.answer
+            if op == "+" and rng.random() < self.options.cot_fraction:
+                answer = f"{worked_sum(a, b)},{answer}"
+            out.append((prompt.text, answer + TERMINATOR))
         return out
+
+
+def worked_sum(a: int, b: int) -> str:
+    """Column addition, ones first: worked_sum(123, 989) == "3+9=12,2+8+1=11,1+9+1=11"."""
+    steps, carry = [], 0
+    da, db = str(a)[::-1], str(b)[::-1]
+    for i in range(max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        total = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={total}" if carry else f"{x}+{y}={total}")
+        carry = total // 10
+    return ",".join(steps)

@@ -96,11 +96,13 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.update(cfg.env)
         vllm = import_vllm()
+        from vllm import exceptions as vllm_exceptions
         from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
 
         self._vllm_sampling_params = vllm.SamplingParams
         self._delta = RequestOutputKind.DELTA
+        self._validation_error = getattr(vllm_exceptions, "VLLMValidationError", ValueError)
         on_cpu = current_platform.is_cpu()
         if on_cpu:
             _check_cpu_head_dim(model_path)
@@ -155,8 +157,13 @@ class VLLMEngine:
             raise ValueError(f"request {req.request_id!r} has an empty prompt")
         if req.request_id in self._seqs:
             raise ValueError(f"request id {req.request_id!r} is already in flight")
-        (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(req.prompt_ids)}])
-        self._engine.add_request(req.request_id, prompt, self._params(req.params))
+        try:
+            (prompt,) = self._engine.renderer.render_cmpl(
+                [{"prompt_token_ids": list(req.prompt_ids)}]
+            )
+            self._engine.add_request(req.request_id, prompt, self._params(req.params))
+        except self._validation_error as exc:  # e.g. a prompt longer than max_model_len
+            raise ValueError(f"request {req.request_id!r}: {exc}") from exc
         version = self.version if req.version is None else req.version
         self._seqs[req.request_id] = _Seq(req, version)
         self._stats["prompt_tokens"] += len(req.prompt_ids)

@@ -39,7 +39,7 @@ class RewardConfig(BaseModel):
     workers: int = Field(
         1, ge=1, description="Reward worker processes (parallel scoring, isolated from training)."
     )
-    extract: Literal["auto", "none", "first_line", "answer_tag"] = Field(
+    extract: Literal["auto", "none", "first_line", "answer_tag", "last_number"] = Field(
         "auto",
         description="How built-in rewards take the answer from a response: 'none' (all of "
         "it), 'first_line' (first non-empty line), 'answer_tag' (last <answer>...</answer>, "

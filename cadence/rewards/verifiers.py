@@ -35,13 +35,15 @@ if TYPE_CHECKING:
 RewardFn = Callable[[Prompt, str], float]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def extract_answer(response: str, mode: Extract) -> str:
     """The part of `response` a built-in reward compares, stripped of whitespace.
 
     'answer_tag' takes the *last* tagged answer, so a response cannot list
-    several guesses and have the first one checked.
+    several guesses and have the first one checked. 'last_number' takes the last
+    number on the first line, so worked steps may precede the answer.
     """
     if mode == "first_line":
         return next((line.strip() for line in response.splitlines() if line.strip()), "")
@@ -50,6 +52,10 @@ def extract_answer(response: str, mode: Extract) -> str:
         return (tagged[-1] if tagged else response).strip()
     if mode == "none":
         return response.strip()
+    if mode == "last_number":
+        # GSM8K-style: worked steps may come first, the final number is the answer.
+        numbers = _NUMBER.findall(extract_answer(response, "first_line"))
+        return numbers[-1] if numbers else ""
     raise ValueError(f"unknown extract mode {mode!r}")
 
 

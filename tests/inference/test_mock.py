@@ -65,7 +65,9 @@ def test_responses_follow_the_distribution_and_the_caps():
 def test_seeded_runs_are_reproducible():
     def run(seed: int):
         engine = MockEngine(seed=seed, median_tokens=20, max_batch_size=3)
-        return [(r.token_ids, r.logprobs) for r in engine.generate([req(f"r{i}") for i in range(6)])]
+        return [
+            (r.token_ids, r.logprobs) for r in engine.generate([req(f"r{i}") for i in range(6)])
+        ]
 
     assert run(0) == run(0)
     assert run(0) != run(1)

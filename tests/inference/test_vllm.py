@@ -58,7 +58,9 @@ def encode(tok, text: str) -> list[int]:
 
 def hf_greedy(model, prompt_ids: list[int], n: int = 20) -> list[int]:
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+    )
     return out[0, ids.shape[1] :].tolist()
 
 
@@ -84,7 +86,9 @@ def test_greedy_matches_transformers_generate(setup):
 def test_logprobs_match_teacher_forced_forward(setup, temperature):
     engine, model, tok = setup
     params = SamplingParams(max_new_tokens=24, temperature=temperature, ignore_eos=True)
-    reqs = [GenRequest(f"lp{temperature}-{i}", encode(tok, p), params) for i, p in enumerate(PROMPTS)]
+    reqs = [
+        GenRequest(f"lp{temperature}-{i}", encode(tok, p), params) for i, p in enumerate(PROMPTS)
+    ]
     for res in engine.generate(reqs):
         assert len(res.logprobs) == len(res.token_ids) == 24
         ref = teacher_forced(model, res, temperature)
@@ -98,7 +102,9 @@ def test_top_p_logprobs_are_renormalised_over_the_nucleus(setup):
     params = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.8, ignore_eos=True)
     for res in engine.generate([GenRequest("tp", encode(tok, PROMPTS[1]), params)]):
         gap = torch.tensor(res.logprobs) - teacher_forced(model, res, 0.7)
-        assert bool((gap > -1e-4).all()) and bool((gap < -torch.log(torch.tensor(0.8)) + 1e-4).all())
+        assert bool((gap > -1e-4).all()) and bool(
+            (gap < -torch.log(torch.tensor(0.8)) + 1e-4).all()
+        )
 
 
 def test_requests_joining_and_leaving_mid_flight_match_solo_runs(setup):
@@ -156,6 +162,12 @@ def test_stop_strings_and_max_tokens(setup):
     assert by_stop.finish_reason == "stop" and by_stop.token_ids == full[: k + 1]
     assert by_stop.text == tok.decode(full[:k]) and len(by_stop.logprobs) == k + 1
     assert by_len.finish_reason == "length" and by_len.token_ids == full[:3]
+    # The context ends the response like max_new_tokens (the model has 512 positions).
+    (at_end,) = engine.generate([GenRequest("end", [5] * 500, SamplingParams(64, 0.0))])
+    assert (len(at_end.token_ids), at_end.finish_reason) == (12, "length")
+    with pytest.raises(ValueError, match="context length"):
+        engine.add_request(GenRequest("too-long", [5] * 600, SamplingParams(4, 0.0)))
+    assert engine.load() == 0
 
 
 def test_update_weights_changes_outputs_and_version(setup, tmp_path):

@@ -54,9 +54,11 @@ def test_exact_match_modes():
 def test_auto_reward_follows_the_task():
     arith = build_task(TaskConfig())
     reward = build_reward(RewardConfig(), arith)
-    assert isinstance(reward, ExactMatch) and reward.extract == "first_line"
+    assert isinstance(reward, ExactMatch) and reward.extract == "last_number"
     prompt = arith.prompts("test", 1)[0]
     assert reward(prompt, prompt.answer + "\n12+3=") == 1.0
+    assert reward(prompt, "1+2=3," + prompt.answer + "\n") == 1.0
+    assert reward(prompt, prompt.answer + "1\n") == 0.0
     assert isinstance(
         build_reward(RewardConfig(name="math_verify", extract="none"), arith), MathVerify
     )
@@ -299,7 +301,7 @@ def test_guard_parallel_workers_and_futures():
 
 
 def test_guard_from_config_with_math_verify():
-    cfg = RewardConfig(name="math_verify", timeout_s=10.0)
+    cfg = RewardConfig(name="math_verify", timeout_s=10.0, extract="none")
     with RewardGuard.from_config(cfg, build_task(TaskConfig())) as g:
         a, b = g.score([(P("0.5"), "\\frac{1}{2}"), (P("0.5"), "3")])
     assert (a.reward, b.reward) == (1.0, 0.0) and a.error is None
