@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
 
-class AsyPPOConfig(BaseModel):
+class CriticConfig(BaseModel):
     """Mini-critic settings. The entropy weight beta is `AlgorithmConfig.entropy_coef`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -68,7 +68,7 @@ class AsyPPOConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _masks_fit(self) -> AsyPPOConfig:
+    def _masks_fit(self) -> CriticConfig:
         if self.adv_mask_low + self.entropy_mask_high > 1:
             raise ValueError(
                 f"adv_mask_low + entropy_mask_high must be <= 1 (got {self.adv_mask_low} + "

@@ -29,6 +29,23 @@ from pydantic import (
 from cadence.algo import advantages as advantage_registry
 from cadence.algo import losses as loss_registry
 from cadence.algo.aggregation import AggregationMode
+from cadence.algo.asyppo import CriticConfig
+from cadence.algo.rhythm import CreditMode, RhythmConfig
+
+# `algorithm.name` presets: defaults for fields the user did not set.
+#   grpo:   critic-free, group-normalised advantages.
+#   ppo:    one critic the size of the policy, GAE, plain PPO clip.
+#   asyppo: two mini-critics (a quarter of the policy each), GAE on their mean,
+#           uncertainty masks from their disagreement (SPEC section 2).
+ALGORITHM_PRESETS: dict[str, dict] = {
+    "grpo": {},
+    "ppo": {
+        "loss": "ppo",
+        "advantage": "gae",
+        "critic": {"num_critics": 1, "critic_fraction": 1.0, "adv_mask_low": 0.0, "entropy_mask_high": 0.0},
+    },
+    "asyppo": {"loss": "ppo", "advantage": "gae", "critic": {"num_critics": 2, "critic_fraction": 0.25}},
+}
 
 
 def _check_eps_low(value: float, field: str) -> float:
@@ -123,6 +140,21 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # --- what to run
+    name: Literal["grpo", "ppo", "asyppo"] = Field(
+        "grpo",
+        description="Algorithm preset: grpo (critic-free), ppo (one policy-sized critic), asyppo "
+        "(two mini-critics and a disagreement-aware loss). Sets defaults for loss, advantage, critic.",
+    )
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig, description="Critics for name=ppo/asyppo (ignored by grpo)."
+    )
+    credit: CreditMode = Field(
+        "none",
+        description="Attention-rhythm token credit on top of any loss: none, local, global, coupled.",
+    )
+    rhythm: RhythmConfig = Field(
+        default_factory=RhythmConfig, description="Attention-rhythm constants (window, horizon, q...)."
+    )
     loss: str = Field("grpo", description="Policy loss; see cadence.algo.losses.describe().")
     advantage: str = Field(
         "grpo", description="Advantage estimator; see cadence.algo.advantages.describe()."
@@ -278,11 +310,33 @@ class AlgorithmConfig(BaseModel):
     def _presets_then_checks(self) -> AlgorithmConfig:
         # Presets first (values from the loss's registry entry, only for fields the user
         # left unset), so the checks below see the settings that will actually run.
+        self._apply_algorithm_preset()
         for name, value in loss_registry.spec(self.loss).defaults.items():
             if name not in self.model_fields_set:
                 setattr(self, name, value)
+        if self.rhythm.credit not in ("none", self.credit) and "credit" in self.model_fields_set:
+            raise ValueError(
+                f"credit={self.credit!r} and rhythm.credit={self.rhythm.credit!r} disagree; set only credit"
+            )
+        if self.credit != "none":
+            self.rhythm = self.rhythm.model_copy(update={"credit": self.credit})
+        else:
+            self.credit = self.rhythm.credit
         self._check_consistency()
         return self
+
+    def _apply_algorithm_preset(self) -> None:
+        preset = ALGORITHM_PRESETS[self.name]
+        for field, value in preset.items():
+            if field == "critic":
+                unset = {k: v for k, v in value.items() if k not in self.critic.model_fields_set}
+                self.critic = self.critic.model_copy(update=unset)
+            elif field not in self.model_fields_set:
+                setattr(self, field, value)
+
+    @property
+    def uses_critics(self) -> bool:
+        return self.name in ("ppo", "asyppo")
 
     def _check_consistency(self) -> None:
         if self.aggregation == "seq-mean-token-sum-norm" and self.max_response_length is None:
@@ -305,6 +359,10 @@ class AlgorithmConfig(BaseModel):
                 "(and decoupled_behaviour_cap) or a masking mode"
             )
         adv = advantage_registry.spec(self.advantage)
+        if adv.needs_values and not self.uses_critics:
+            raise ValueError(
+                f"advantage={self.advantage!r} needs a critic's values: set name='ppo' or name='asyppo'"
+            )
         if self.kl.coef > 0 and self.kl.mode == "reward" and not adv.accepts_token_rewards:
             accepting = [
                 n

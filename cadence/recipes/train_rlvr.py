@@ -98,6 +98,8 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
         counters = state["counters"]
         eval_before = state.get("eval_before")
         set_rng_state(state["rng"])
+        if "engine_rng" in state and hasattr(engine, "generator"):
+            engine.generator.set_state(state["engine_rng"])
         engine.update_weights(policy.state_dict(), trainer.version)
         print(f"resumed from step {start_step} ({run_dir})")
     elif cfg.eval.before:
@@ -172,6 +174,7 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
                     "next_group_id": rollout._next_group_id,
                     "counters": dict(counters),
                     "eval_before": eval_before,
+                    **({"engine_rng": engine.generator.get_state()} if hasattr(engine, "generator") else {}),
                 },
                 keep=cfg.checkpoint.keep,
             )

@@ -144,7 +144,7 @@ def test_gae_by_hand():
     # V = [0.5, 0.4, 0.3], R = 1 on the last token, gamma = 1, lam = 0.5:
     # delta = [0 + 0.4 - 0.5, 0 + 0.3 - 0.4, 1 + 0 - 0.3] = [-0.1, -0.1, 0.7]
     # A_2 = 0.7;  A_1 = -0.1 + 0.5 * 0.7 = 0.25;  A_0 = -0.1 + 0.5 * 0.25 = 0.025
-    cfg = AlgorithmConfig(advantage="gae", lam=0.5)
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", lam=0.5)
     values = T([[0.5, 0.4, 0.3]])
     out = compute_advantages(
         cfg, T([1.0]), torch.tensor([0]), torch.ones(1, 3, dtype=DT), values=values
@@ -155,7 +155,7 @@ def test_gae_by_hand():
 
 def test_gae_skips_padding_and_discounts():
     # The same response, left-padded by one position, gives the same numbers shifted right.
-    cfg = AlgorithmConfig(advantage="gae", lam=0.5)
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", lam=0.5)
     out = compute_advantages(
         cfg,
         T([1.0]),
@@ -165,7 +165,7 @@ def test_gae_skips_padding_and_discounts():
     )
     assert torch.allclose(out.advantages, T([[0.0, 0.025, 0.25, 0.7]]))
     # gamma = 0.9, lam = 1, V = 0: A_t = 0.9^(T-1-t) * R (Monte Carlo return).
-    cfg = AlgorithmConfig(advantage="gae", gamma=0.9, lam=1.0)
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", gamma=0.9, lam=1.0)
     out = compute_advantages(
         cfg,
         T([1.0]),
@@ -179,7 +179,7 @@ def test_gae_skips_padding_and_discounts():
 def test_gae_with_token_rewards_and_gaps():
     # A multi-turn response: position 1 is an environment token (mask 0), skipped by the scan.
     # r = [0.2, -, 1.0], V = 0, gamma = lam = 1: A = [1.2, 0, 1.0].
-    cfg = AlgorithmConfig(advantage="gae", lam=1.0)
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", lam=1.0)
     mask = T([[1.0, 0.0, 1.0]])
     out = compute_advantages(
         cfg,
@@ -207,7 +207,7 @@ def test_last_token_rewards():
 
 
 def test_errors_name_the_fix():
-    cfg = AlgorithmConfig(advantage="gae")
+    cfg = AlgorithmConfig(name="ppo", advantage="gae")
     with pytest.raises(ValueError, match="needs values"):
         compute_advantages(cfg, T([1.0]), torch.tensor([0]), torch.ones(1, 2, dtype=DT))
     with pytest.raises(ValueError, match="sequence-level"):
@@ -238,7 +238,8 @@ def test_advantages_are_finite_and_zero_off_mask(name, B, L, seed, std_normalize
     group_ids = torch.randint(0, 3, (B,), generator=g)
     mask = (torch.rand(B, L, generator=g) < 0.7).to(DT)
     values = torch.randn(B, L, generator=g, dtype=DT) if name == "gae" else None
-    cfg = AlgorithmConfig(advantage=name, std_normalize=std_normalize)
+    algo = "ppo" if name == "gae" else "grpo"
+    cfg = AlgorithmConfig(name=algo, advantage=name, std_normalize=std_normalize)
     out = compute_advantages(cfg, rewards, group_ids, mask, values=values)
     assert torch.isfinite(out.advantages).all() and torch.isfinite(out.returns).all()
     assert torch.all(out.advantages[mask == 0] == 0)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cadence.algo.asyppo import (
-    AsyPPOConfig,
+    CriticConfig,
     aggregate_values,
     asyppo_objective_terms,
     critic_loss,
@@ -25,7 +25,7 @@ from cadence.algo.asyppo import (
 
 
 def test_config_defaults_and_validation():
-    cfg = AsyPPOConfig()
+    cfg = CriticConfig()
     assert (cfg.num_critics, cfg.adv_mask_low, cfg.entropy_mask_high, cfg.quantile_scope) == (
         2,
         0.2,
@@ -34,11 +34,11 @@ def test_config_defaults_and_validation():
     )
     assert cfg.critic_path is None and cfg.critic_fraction == 0.25
     with pytest.raises(ValidationError):
-        AsyPPOConfig(beta=0.1)  # extra="forbid": beta is AlgorithmConfig.entropy_coef
+        CriticConfig(beta=0.1)  # extra="forbid": beta is AlgorithmConfig.entropy_coef
     with pytest.raises(ValidationError, match="<= 1"):
-        AsyPPOConfig(adv_mask_low=0.7, entropy_mask_high=0.5)
+        CriticConfig(adv_mask_low=0.7, entropy_mask_high=0.5)
     with pytest.raises(ValidationError):
-        AsyPPOConfig(quantile_scope="micro-batch")
+        CriticConfig(quantile_scope="micro-batch")
 
 
 # ---- partition ----------------------------------------------------------------

@@ -327,7 +327,7 @@ def test_kl_and_entropy_terms_join_the_loss_when_supplied():
     # d k3 / d log pi = 1 - pi_ref / pi = 0.5, times coef, over 2 tokens.
     assert torch.allclose(grad, torch.full_like(grad, 0.1 * 0.5 / 2))
     # kl.mode = "reward": reported, not added.
-    cfg = AlgorithmConfig(advantage="gae", kl={"coef": 0.1, "mode": "reward"})
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", kl={"coef": 0.1, "mode": "reward"})
     out = compute_policy_loss(inp, cfg)
     assert out.loss.item() == pytest.approx(0.0) and out.metrics["kl_ref"] == pytest.approx(k3)
 

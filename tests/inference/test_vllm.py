@@ -107,6 +107,22 @@ def test_top_p_logprobs_are_renormalised_over_the_nucleus(setup):
         )
 
 
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(setup):
+    engine, _, tok = setup
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, ignore_eos=True)
+
+    def run(seed: int, prompts: list[str]) -> list[int]:
+        engine.reseed(seed)
+        reqs = [
+            GenRequest(f"seed{seed}-{i}", encode(tok, p), params) for i, p in enumerate(prompts)
+        ]
+        return engine.generate(reqs)[0].token_ids
+
+    alone = run(0, PROMPTS[:1])
+    assert run(0, PROMPTS) == alone
+    assert run(1, PROMPTS[:1]) != alone
+
+
 def test_requests_joining_and_leaving_mid_flight_match_solo_runs(setup):
     engine, model, tok = setup  # max_batch_size=4
     short = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
