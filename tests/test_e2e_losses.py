@@ -50,3 +50,22 @@ def test_kl_as_loss_and_as_reward(tmp_path):
         summary = train(cfg)
         record = json.loads((summary.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
         assert ("train/kl_ref" in record) == (mode == "loss")
+
+
+@pytest.mark.parametrize("name", ["ppo", "asyppo"])
+def test_critic_algorithms_train_and_log_critic_metrics(name, tmp_path):
+    cfg = load_config(None, [*FAST, f"algorithm.name={name}", f"logging.run_dir={tmp_path}"])
+    summary = train(cfg)
+    record = json.loads((summary.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "critic/value_loss_0" in record and "critic/disagreement" in record
+    if name == "asyppo":
+        assert "critic/value_loss_1" in record
+        assert 0.1 < record["asyppo/adv_masked_fraction"] < 0.3
+
+
+@pytest.mark.parametrize("credit", ["local", "global", "coupled"])
+def test_attention_credit_trains(credit, tmp_path):
+    cfg = load_config(None, [*FAST, f"algorithm.credit={credit}", f"logging.run_dir={tmp_path}"])
+    summary = train(cfg)
+    record = json.loads((summary.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "rhythm/amplified_frac" in record and record["rhythm/gamma_mean"] >= 1.0

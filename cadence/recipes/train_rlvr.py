@@ -29,6 +29,8 @@ from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import RLVRRollout
 from cadence.runtime.threads import configure_threads
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
 from cadence.train.trainer import PolicyTrainer
 
 
@@ -82,8 +84,19 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     if state is not None:
         policy.load_state_dict(state["weights"])
     engine = build_engine(cfg.rollout.engine, frozen_copy(policy), tokenizer)
+    critics = (
+        CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
+        if cfg.algorithm.uses_critics
+        else None
+    )
+    credit = (
+        AttentionCredit(policy, cfg.algorithm.rhythm, tokenizer.pad_token_id)
+        if cfg.algorithm.credit != "none"
+        else None
+    )
     trainer = PolicyTrainer(
-        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, tokenizer.pad_token_id, reference
+        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, tokenizer.pad_token_id, reference,
+        critics=critics, credit=credit,
     )
     buffer = SampleBuffer(cfg.rollout.async_ratio)
     rollout = RLVRRollout(engine, tokenizer, stream, reward, params, cfg.rollout.group_size)

@@ -20,13 +20,17 @@ from transformers import PreTrainedModel
 
 from cadence.algo.advantages import compute_advantages
 from cadence.algo.aggregation import batch_denominators
+from cadence.algo.asyppo import aggregate_values, uncertainty_masks
 from cadence.algo.config import AlgorithmConfig
 from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.rhythm import shape_advantages
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
 
 # compute_policy_loss metrics that are sums over micro-batches (each already divided by the
@@ -60,6 +64,8 @@ class PolicyTrainer:
         temperature: float,
         pad_id: int,
         reference: PreTrainedModel | None = None,
+        critics: CriticEnsemble | None = None,
+        credit: AttentionCredit | None = None,
     ) -> None:
         self.policy = policy.train()
         self.cfg = trainer_cfg
@@ -71,6 +77,8 @@ class PolicyTrainer:
         if algo_cfg.kl.coef > 0 and reference is None:
             reference = frozen_copy(policy)
         self.reference = reference if algo_cfg.kl.coef > 0 else None
+        self.critics = critics
+        self.credit = credit
         self.optimizer = torch.optim.AdamW(
             [p for p in policy.parameters() if p.requires_grad],
             lr=trainer_cfg.lr,
@@ -85,31 +93,70 @@ class PolicyTrainer:
         batch = collate(flatten(groups), self.pad_id)
         old_logprobs = self._old_logprobs(batch)
         ref_logprobs = self._ref_logprobs(batch)
-        adv = self._advantages(batch, old_logprobs, ref_logprobs)
+        advantages, entropy_mask, extra = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
         updates = 0
-        for _ in range(self.cfg.epochs):
+        warming_up = self.critics is not None and self.version < self.algo.critic.warmup_steps
+        for _ in range(0 if warming_up else self.cfg.epochs):
             order = torch.randperm(len(batch))
             for rows in order.chunk(self.cfg.mini_batches):
-                m = self._update(batch.select(rows), adv.advantages[rows], old_logprobs, ref_logprobs, rows)
+                m = self._update(
+                    batch.select(rows), advantages[rows], old_logprobs, ref_logprobs, rows,
+                    entropy_mask[rows] if entropy_mask is not None else None,
+                )
                 for k, v in m.items():
                     metrics[k] = metrics.get(k, 0.0) + v
                 updates += 1
-        metrics = {k: v / updates for k, v in metrics.items()}
+        metrics = {k: v / max(updates, 1) for k, v in metrics.items()}
+        metrics.update(extra)
         self.version += 1
+        if self.credit is not None:
+            self.credit.sync(self.policy, self.version)
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/seconds"] = time.perf_counter() - start
         metrics["train/staleness_mean"] = float((self.version - 1 - batch.versions).float().mean())
         metrics["train/staleness_max"] = float((self.version - 1 - batch.versions).max())
         return metrics
 
-    def _advantages(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None):
+    def _advantages(
+        self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Token advantages, the entropy mask (AsyPPO) and what to log about them.
+
+        rewards (+ KL shaping) -> [critics' mean value -> GAE] -> [AsyPPO masks from the
+        critics' disagreement] -> [attention-rhythm credit] -> advantages
+        """
+        metrics: dict[str, float] = {}
         token_rewards = None
         if ref is not None and self.algo.kl.mode == "reward":
             # KL as reward shaping: penalise, per token, the sampled policy's drift from pi_ref.
             sampled = old if old is not None else batch.behaviour_logprobs
             token_rewards = shape_token_rewards(batch.rewards, batch.mask, sampled, ref, self.algo.kl)
-        return compute_advantages(self.algo, batch.rewards, batch.group_ids, batch.mask, token_rewards=token_rewards)
+        values = sigma = None
+        if self.critics is not None:
+            all_values = self.critics.values(batch)  # [M, B, T]
+            values, sigma = aggregate_values(all_values)
+        out = compute_advantages(
+            self.algo, batch.rewards, batch.group_ids, batch.mask, values=values, token_rewards=token_rewards
+        )
+        advantages, entropy_mask = out.advantages, None
+        if self.critics is not None:
+            metrics.update(self.critics.update(batch, out.returns, all_values))
+            metrics["critic/disagreement"] = float((sigma * batch.mask).sum() / batch.mask.sum().clamp(min=1))
+            crit = self.algo.critic
+            if len(self.critics.critics) > 1 and (crit.adv_mask_low > 0 or crit.entropy_mask_high > 0):
+                adv_mask, entropy_mask = uncertainty_masks(
+                    sigma, batch.mask, crit.adv_mask_low, crit.entropy_mask_high, crit.quantile_scope
+                )
+                advantages = advantages * adv_mask
+                valid = batch.mask.sum().clamp(min=1)
+                metrics["asyppo/adv_masked_fraction"] = float(((1 - adv_mask) * batch.mask).sum() / valid)
+                metrics["asyppo/entropy_masked_fraction"] = float(((1 - entropy_mask) * batch.mask).sum() / valid)
+        if self.credit is not None:
+            gammas, credit_metrics = self.credit.gammas(batch)
+            advantages = shape_advantages(advantages, gammas, batch.mask, self.algo.rhythm.both_signs)
+            metrics.update(credit_metrics)
+        return advantages, entropy_mask, metrics
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         if self.cfg.recompute_old_logprobs == "always":
@@ -143,6 +190,7 @@ class PolicyTrainer:
         old_all: torch.Tensor | None,
         ref_all: torch.Tensor | None,
         rows: torch.Tensor,
+        entropy_mask: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer update over a mini-batch, accumulated over micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -156,6 +204,9 @@ class PolicyTrainer:
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
             # The entropy only carries gradient when it is part of the objective.
             entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
+            if entropy_mask is not None:
+                # AsyPPO: high-disagreement tokens leave the entropy bonus, gradient included.
+                entropy = entropy * entropy_mask[i : i + micro]
             out = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs=logprobs,
@@ -186,13 +237,20 @@ class PolicyTrainer:
 
     # -- state for checkpoints ----------------------------------------------
     def state_dict(self) -> dict:
-        return {
+        state = {
             "version": self.version,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
+        if self.critics is not None:
+            state["critics"] = self.critics.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.critics is not None:
+            self.critics.load_state_dict(state["critics"])
+        if self.credit is not None:
+            self.credit.sync(self.policy, self.version)
