@@ -89,5 +89,64 @@ def algorithms() -> None:
         typer.echo(f"  {name:<16} {line}")
 
 
+@app.command()
+def rhythm(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint folder, or 'builtin'.")],
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[PROMPT] [KEY=VALUE]...",
+            help="The prompt to complete (left out with --from-rollout), then rhythm constants "
+            "of RhythmConfig such as window=5 top_q=0.3 gamma_amp=2 tau_waad=median.",
+        ),
+    ] = None,
+    from_rollout: Annotated[
+        str | None,
+        typer.Option(
+            "--from-rollout",
+            help="Read the response from a rollout file instead of generating one: JSON lines, "
+            "each with prompt_ids and response_ids (token ids) or prompt and response (text).",
+        ),
+    ] = None,
+    index: Annotated[int, typer.Option("--index", help="Which record of --from-rollout (0-based).")] = 0,
+    credit: Annotated[str, typer.Option("--credit", help="local, global or coupled.")] = "coupled",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest response generated.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy.")] = 0.0,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option("--stop", help="Stop string ending the response (repeatable; \\n and \\t are understood)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    out: Annotated[str, typer.Option("--out", "-o", help="Where the PNG goes.")] = "rhythm.png",
+    threads: Annotated[int, typer.Option("--threads", help="torch threads (0: this process's share).")] = 0,
+) -> None:
+    """Plot one response's WAAD and FAI curves and the tokens attention-rhythm credit amplifies."""
+    from cadence.recipes.rhythm import run_rhythm, unescape
+
+    rest = list(args or [])
+    prompt = None if from_rollout is not None or not rest else rest.pop(0)
+    try:
+        result = run_rhythm(
+            checkpoint,
+            prompt=prompt,
+            rollout=from_rollout,
+            index=index,
+            credit=credit,
+            overrides=rest,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop=[unescape(s) for s in stop or []],
+            out=out,
+            seed=seed,
+            threads=threads,
+        )
+    except ConfigError as err:
+        _fail(err)
+    for note in result.notes:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"wrote {result.out}")
+    typer.echo(result.summary())
+
+
 def main() -> None:  # pragma: no cover - entry point for `python -m cadence`
     sys.exit(app())

@@ -10,12 +10,12 @@ a sampler that stops on them ends exactly where the warm-up taught the model
 to end. The built-in reward for this task is exact match on the last number
 of the first line.
 
-Two ways to answer. SFT completions are either the bare sum ("1112") or, for a
-`cot_fraction` of them, worked column addition ending in the sum
-("3+9=12,2+8+1=11,1+9+1=11,1112"). A tiny model answers far more accurately
-when it works the columns, but after a warm-up on mostly bare answers it
-rarely chooses to: which way to answer is what RL on this task learns first,
-a small-scale version of RL teaching a model to reason before answering.
+A warm-up with a habit to unlearn. `sft_carry_slip` makes a share of the SFT
+answers to carrying problems forget to carry the one ("37+45=" -> "72"), like
+a sloppy annotator. With a slip rate above one half the warmed-up model
+prefers the slip on carrying problems, and greedy decoding repeats it; RL
+against the exact-match verifier is what removes the habit. The held-out
+test answers are always correct.
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ class ArithOptions(BaseModel):
         min_length=1,
         description="Operators to sample from; '-' may give negative answers.",
     )
-    digits: int = Field(3, ge=1, le=9, description="Operands are uniform in [0, 10**digits - 1].")
-    cot_fraction: float = Field(
-        0.25,
+    digits: int = Field(2, ge=1, le=9, description="Operands are uniform in [0, 10**digits - 1].")
+    pad_operands: bool = Field(
+        True, description="Write operands zero-padded to `digits` ('07+45='), so columns line up."
+    )
+    sft_carry_slip: float = Field(
+        0.0,
         ge=0.0,
         le=1.0,
-        description="Share of SFT completions that show worked column addition before "
-        "the answer ('+' only; other operators are always answered directly).",
+        description="SFT only: share of answers to carrying '+' problems that forget to "
+        "carry the one (a noisy-annotator warm-up for RL to correct). Test answers stay exact.",
     )
 
     @field_validator("operations")
@@ -91,7 +94,7 @@ class ArithmeticTask:
     """Random "a<op>b=" problems; the test split is a fixed held-out sample."""
 
     default_reward = "exact_match"
-    default_extract: Extract = "last_number"
+    default_extract: Extract = "first_line"
     stop = (TERMINATOR,)
 
     def __init__(
@@ -134,10 +137,15 @@ class ArithmeticTask:
         value = a + b if op == "+" else a - b if op == "-" else a * b
         return Prompt(
             id=prompt_id,
-            text=f"{a}{op}{b}={self.prompt_suffix}",
+            text=f"{self._operand(a)}{op}{self._operand(b)}={self.prompt_suffix}",
             answer=str(value),
             meta={"a": a, "op": op, "b": b},
         )
+
+    def _operand(self, x: int) -> str:
+        # Fixed-width operands put every digit at a fixed position: a tiny model then learns
+        # the column rule far sooner than when it must first find where each number starts.
+        return str(x).zfill(self.options.digits) if self.options.pad_operands else str(x)
 
     def _test_indices(self, seed: int) -> list[int]:
         if seed not in self._test_cache:
@@ -173,26 +181,27 @@ class ArithmeticTask:
         model to end its answer where the sampler's stop string cuts it.
         """
         seed = self.seed if seed is None else seed
-        rng = random.Random(stable_hash("arith", "sft-style", seed))
+        rng = random.Random(stable_hash("arith", "sft-slip", seed))
         out = []
         for k, index in enumerate(self._train_indices(n, seed, "sft")):
             prompt = self._prompt(index, f"arith-sft-{seed}-{k}")
             a, op, b = self._decode(index)
             answer = prompt.answer
-            if op == "+" and rng.random() < self.options.cot_fraction:
-                answer = f"{worked_sum(a, b)},{answer}"
+            slipped = sum_without_carries(a, b) if op == "+" else None
+            if slipped is not None and slipped != a + b and rng.random() < self.options.sft_carry_slip:
+                answer = str(slipped)
             out.append((prompt.text, answer + TERMINATOR))
         return out
 
 
-def worked_sum(a: int, b: int) -> str:
-    """Column addition, ones first: worked_sum(123, 989) == "3+9=12,2+8+1=11,1+9+1=11"."""
-    steps, carry = [], 0
+def sum_without_carries(a: int, b: int) -> int:
+    """What someone who never carries the one writes: 37+45 -> 72, 58+67 -> 115.
+
+    Every column keeps only its own last digit; the top column writes its whole sum.
+    """
     da, db = str(a)[::-1], str(b)[::-1]
-    for i in range(max(len(da), len(db))):
-        x = int(da[i]) if i < len(da) else 0
-        y = int(db[i]) if i < len(db) else 0
-        total = x + y + carry
-        steps.append(f"{x}+{y}+{carry}={total}" if carry else f"{x}+{y}={total}")
-        carry = total // 10
-    return ",".join(steps)
+    columns = [
+        (int(da[i]) if i < len(da) else 0) + (int(db[i]) if i < len(db) else 0)
+        for i in range(max(len(da), len(db)))
+    ]
+    return int(str(columns[-1]) + "".join(str(c % 10) for c in reversed(columns[:-1])))

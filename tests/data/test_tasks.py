@@ -27,7 +27,9 @@ def test_arith_is_the_default_and_deterministic():
 
 
 def test_arith_answers_are_correct_and_can_be_negative():
-    prompts = build_task(TaskConfig(kwargs={"operations": ["+", "-"], "digits": 2})).prompts("train", 500, 0)
+    prompts = build_task(
+        TaskConfig(kwargs={"operations": ["+", "-"], "digits": 2, "pad_operands": False})
+    ).prompts("train", 500, 0)
     for p in prompts:
         assert p.text.endswith("=")
         a, op, b = p.meta["a"], p.meta["op"], p.meta["b"]
@@ -54,7 +56,7 @@ def test_arith_train_and_test_are_disjoint():
 
 def test_arith_sft_uses_the_terminator_and_avoids_test():
     task = build_task(
-        TaskConfig(kwargs={"digits": 1, "operations": ["+", "-"], "cot_fraction": 0.0}, test_size=50)
+        TaskConfig(kwargs={"digits": 1, "operations": ["+", "-"]}, test_size=50)
     )
     assert task.stop == (TERMINATOR,) == ("\n",)
     test_texts = {p.text for p in task.prompts("test", 50, 0)}
@@ -68,18 +70,26 @@ def test_arith_sft_uses_the_terminator_and_avoids_test():
         assert prompt not in test_texts
 
 
-def test_arith_sft_worked_sums_end_in_the_answer():
-    from cadence.data.arithmetic import worked_sum
+def test_arith_sft_carry_slip_forgets_only_carries():
+    from cadence.data.arithmetic import sum_without_carries
 
-    assert worked_sum(123, 989) == "3+9=12,2+8+1=11,1+9+1=11"
-    assert worked_sum(45, 7) == "5+7=12,4+0+1=5"
-    task = build_task(TaskConfig(kwargs={"cot_fraction": 0.5}))
-    examples = task.sft_examples(400, 0)
-    worked = [(p, c) for p, c in examples if "," in c]
-    assert 120 < len(worked) < 280  # about half
-    for prompt, completion in worked:
-        a, b = prompt[:-1].split("+")
-        assert completion == f"{worked_sum(int(a), int(b))},{int(a) + int(b)}\n"
+    assert sum_without_carries(37, 45) == 72
+    assert sum_without_carries(58, 67) == 115
+    assert sum_without_carries(99, 1) == 90
+    assert sum_without_carries(12, 34) == 46  # no carry: nothing to forget
+    task = build_task(TaskConfig(kwargs={"sft_carry_slip": 0.6}))
+    examples = task.sft_examples(2000, 0)
+    carrying = slipped = 0
+    for prompt, completion in examples:
+        a, b = map(int, prompt[:-1].split("+"))  # int() reads "07" as 7
+        got = int(completion)
+        assert got in (a + b, sum_without_carries(a, b))
+        if sum_without_carries(a, b) != a + b:
+            carrying += 1
+            slipped += got != a + b
+    assert 0.55 < slipped / carrying < 0.65
+    # the test split is never slipped
+    assert all(int(p.answer) == p.meta["a"] + p.meta["b"] for p in task.prompts("test", 200))
 
 
 def test_arith_prompt_suffix_and_split_name():
