@@ -95,7 +95,7 @@ def rhythm(
     args: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[PROMPT] [KEY=VALUE]...",
+            metavar="PROMPT KEY=VALUE",
             help="The prompt to complete (left out with --from-rollout), then rhythm constants "
             "of RhythmConfig such as window=5 top_q=0.3 gamma_amp=2 tau_waad=median.",
         ),

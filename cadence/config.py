@@ -45,7 +45,7 @@ class RolloutConfig(Section):
 
 
 class TrainerConfig(Section):
-    steps: int = Field(200, gt=0, description="Optimizer steps (one batch each).")
+    steps: int = Field(200, gt=0, description="Training steps (one rollout batch each).")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")

@@ -19,6 +19,8 @@ def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for key in keys:
         points = [(r["step"], r[key]) for r in records if key in r]
+        if key != keys[0] and points == [(r["step"], r[keys[0]]) for r in records if keys[0] in r]:
+            continue  # binary rewards: accuracy is the mean reward, one line says it
         if not points:
             continue
         steps, values = zip(*points, strict=True)
