@@ -32,10 +32,18 @@ SMALL = [
 ]
 
 
+def varied_reward(tmp_path: Path) -> str:
+    """A random model never gets arithmetic right; reward something it does vary on."""
+    f = tmp_path / "varied_reward.py"
+    f.write_text("def reward(prompt, response):\n    return float(len(response) % 2)\n")
+    return f"reward.name=python:{f}:reward"
+
+
 def test_qwen2_folder_trains_and_checkpoint_loads_in_plain_transformers(tiny_qwen2_dir, tmp_path):
     cfg = load_config(
         None,
-        [*SMALL, f"model.path={tiny_qwen2_dir}", "trainer.steps=2", "trainer.lr=1e-2", f"logging.run_dir={tmp_path}/run"],
+        [*SMALL, f"model.path={tiny_qwen2_dir}", "trainer.steps=2", "trainer.lr=1e-2",
+         f"logging.run_dir={tmp_path}/run", varied_reward(tmp_path)],
     )
     summary = train(cfg)
     ckpt = summary.run_dir / "checkpoints" / "step_2"

@@ -212,10 +212,9 @@ def _resume_state(run_dir: Path) -> dict | None:
         print(f"--resume: no checkpoint in {run_dir}; starting from scratch")
         return None
     step, path = found
-    from safetensors.torch import load_file
-
     state = load_state(path)
-    state["weights"] = load_file(str(path / "model.safetensors"))
+    # Through from_pretrained, so tied weights (absent from the file) come back too.
+    state["weights"] = load_policy(str(path)).state_dict()
     return state
 
 
