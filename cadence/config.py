@@ -62,8 +62,16 @@ class TrainerConfig(Section):
 
 
 class RuntimeConfig(Section):
-    kind: Literal["inline"] = Field("inline", description="Where components run ('ray' comes with the async pipeline).")
-    threads: int = Field(0, ge=0, description="torch threads per process; 0 = the process's share of cores.")
+    kind: Literal["inline", "ray"] = Field(
+        "inline", description="inline: everything in this process; ray: rollout workers as Ray actors."
+    )
+    threads: int = Field(0, ge=0, description="torch threads of the trainer process; 0 = its share of cores.")
+    address: str | None = Field(
+        None, description="Ray cluster to join ('auto', 'ray://host:10001'); None starts a local Ray."
+    )
+    rollout_workers: int = Field(1, gt=0, description="Rollout workers (engine replicas), ray only.")
+    rollout_cpus: float = Field(1.0, gt=0, description="CPUs per rollout worker (its torch threads), ray only.")
+    rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker, ray only.")
 
 
 class LoggingConfig(Section):
@@ -127,6 +135,15 @@ class RunConfig(Section):
             raise ValueError(
                 f"trainer.micro_batch_size={self.trainer.micro_batch_size} does not divide the "
                 f"mini-batch of {batch // mini} sequences; pick a divisor of {batch // mini}"
+            )
+        if self.runtime.kind == "inline" and self.runtime.rollout_workers > 1:
+            raise ValueError(
+                "runtime.rollout_workers > 1 needs runtime.kind=ray (inline runs one worker)"
+            )
+        if self.rollout.prompts_per_step < self.runtime.rollout_workers:
+            raise ValueError(
+                f"rollout.prompts_per_step={self.rollout.prompts_per_step} is smaller than "
+                f"runtime.rollout_workers={self.runtime.rollout_workers}: every worker needs a prompt per step"
             )
         if self.algorithm.advantage in ("grpo", "rloo") and self.rollout.group_size < 2:
             raise ValueError(

@@ -39,6 +39,8 @@ class RLVRRollout:
         reward: RewardGuard,
         params: SamplingParams,
         group_size: int,
+        first_group_id: int = 0,
+        group_id_step: int = 1,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -46,8 +48,11 @@ class RLVRRollout:
         self.reward = reward
         self.params = params
         self.group_size = group_size
-        self._next_group_id = 0
+        # Several workers fill one batch: ids advance by the worker count, so they never collide.
+        self._next_group_id = first_group_id
+        self.group_id_step = group_id_step
         self._encoded: dict[str, list[int]] = {}
+        self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
 
     def encode(self, prompt: Prompt) -> list[int]:
         ids = self._encoded.get(prompt.id)
@@ -56,25 +61,34 @@ class RLVRRollout:
             self._encoded[prompt.id] = ids
         return ids
 
-    def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
-        """Generate and score `num_groups` groups into `buffer`."""
-        start = time.perf_counter()
-        stats = RolloutStats()
-        pending: dict[int, tuple[Prompt, Group]] = {}
+    def admit(self, num_groups: int) -> None:
+        """Queue `num_groups` new prompts, each as `group_size` one-answer requests."""
         for _ in range(num_groups):
             prompt = self.prompts.next()
             group = Group(group_id=self._next_group_id, prompt_id=prompt.id)
-            pending[group.group_id] = (prompt, group)
-            self._next_group_id += 1
+            self.pending[group.group_id] = (prompt, group)
+            self._next_group_id += self.group_id_step
             ids = self.encode(prompt)
             for j in range(self.group_size):
                 self.engine.add_request(
                     GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self.params)
                 )
-        while pending:
-            finished = self.engine.step()
-            if finished:
-                self._score_into(finished, pending, buffer, stats)
+
+    def poll(self, buffer: SampleBuffer, stats: RolloutStats) -> int:
+        """One engine step; finished responses are scored at once. Returns groups completed."""
+        finished = self.engine.step()
+        before = len(self.pending)
+        if finished:
+            self._score_into(finished, self.pending, buffer, stats)
+        return before - len(self.pending)
+
+    def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
+        """Generate and score `num_groups` groups into `buffer` (synchronous use)."""
+        start = time.perf_counter()
+        stats = RolloutStats()
+        self.admit(num_groups)
+        while self.pending:
+            self.poll(buffer, stats)
         stats.seconds = time.perf_counter() - start
         return stats
 

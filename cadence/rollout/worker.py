@@ -1,0 +1,183 @@
+"""A rollout worker: an engine, a reward guard and a prompt stream, generating on its own.
+
+The worker runs the producer half of the pipeline in a background thread:
+admit prompts -> engine steps -> score each finished response at once ->
+complete groups into its `SampleBuffer`. The trainer pulls batches with
+`get_batch` and pushes weights with `update_weights`.
+
+Admission implements the asynchronous ratio alpha (ROLL Flash): a worker
+whose engine holds policy version v may have started at most
+(v + alpha + 1) x quota groups in total, where quota is its share of the
+prompts per step. Groups are consumed in order, one quota per trainer step,
+so every group is trained on at most alpha versions after the one that
+started it; alpha = 0 is synchronous training. A request in flight when new
+weights arrive keeps its tokens and finishes under the new weights with its
+original version tag (interruptible generation, as in AReaL and ROLL).
+
+The same class runs in-process (`runtime.kind=inline`) or as a Ray actor
+(`runtime.kind=ray`), so there is one code path for a laptop and a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import torch
+
+from cadence.config import RunConfig
+from cadence.data.tasks import build_task
+from cadence.inference.config import build_engine
+from cadence.inference.types import SamplingParams
+from cadence.models.loading import load_policy, load_tokenizer
+from cadence.rewards.guard import RewardGuard
+from cadence.rewards.verifiers import build_reward
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.evaluate import EvalResult, evaluate
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.rlvr import RLVRRollout, RolloutStats
+from cadence.rollout.sample import Group
+from cadence.runtime.threads import configure_threads
+
+
+def worker_quotas(prompts_per_step: int, workers: int) -> list[int]:
+    """Split the prompts of one step over workers as evenly as possible."""
+    base, extra = divmod(prompts_per_step, workers)
+    return [base + (i < extra) for i in range(workers)]
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0) -> None:
+        self.threads = configure_threads(threads)
+        self.cfg = cfg
+        self.index = index
+        self.quota = worker_quotas(cfg.rollout.prompts_per_step, workers)[index]
+        self.alpha = cfg.rollout.async_ratio
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.engine = build_engine(cfg.rollout.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
+        self.task = build_task(cfg.task)
+        self.reward = RewardGuard(build_reward(cfg.reward, self.task), cfg.reward.timeout_s, cfg.reward.workers)
+        stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(self.task.stop)
+        self.params = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            stop=stop,
+        )
+        self.eval_params = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop
+        )
+        # Exactly the prompts this run will use (this worker's stride of them), so the
+        # stream's cursor pins down the data order across restarts.
+        needed = cfg.trainer.steps * cfg.rollout.prompts_per_step
+        prompts = self.task.prompts("train", needed, cfg.seed)[index::workers] or self.task.prompts("train", 1, cfg.seed)
+        self.stream = PromptStream(prompts, cfg.seed + index)
+        self.rollout = RLVRRollout(
+            self.engine, self.tokenizer, self.stream, self.reward, self.params, cfg.rollout.group_size,
+            first_group_id=index, group_id_step=workers,
+        )
+        self.buffer = SampleBuffer(self.alpha)
+        self.version = 0
+        self.started_groups = 0  # groups admitted since the run began (all versions)
+        self.handed_out = 0  # groups given to the trainer: their prompts count as consumed
+        self.cursor_base = 0
+        self.stats = RolloutStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+        self._born = time.perf_counter()
+
+    # -- the producer loop ---------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"rollout-{self.index}", daemon=True)
+            self._thread.start()
+
+    def _allowed_groups(self) -> int:
+        return (self.version + self.alpha + 1) * self.quota
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    room = self._allowed_groups() - self.started_groups
+                    if room > 0:
+                        self.rollout.admit(room)
+                        self.started_groups += room
+                    busy = self.engine.has_unfinished()
+                    if busy:
+                        self.rollout.poll(self.buffer, self.stats)
+                if not busy:
+                    time.sleep(0.002)  # waiting for new weights: nothing may start yet
+        except Exception:  # surfaced to the trainer on its next call, not lost in a thread
+            self._error = traceback.format_exc()
+
+    def _check(self) -> None:
+        if self._error:
+            raise RuntimeError(f"rollout worker {self.index} failed:\n{self._error}")
+
+    # -- what the trainer calls ------------------------------------------------
+    def get_batch(self, trainer_version: int, timeout: float = 600.0) -> list[Group]:
+        """This worker's quota of fresh groups for `trainer_version` (blocks)."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            self._check()
+            try:
+                batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0.05)
+                self.handed_out += len(batch)
+                return batch
+            except TimeoutError:
+                if time.perf_counter() > deadline:
+                    raise
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Swap weights between two engine steps; in-flight requests keep their tags."""
+        with self._lock:
+            self.engine.update_weights(state_dict, version)
+            self.version = version
+
+    def evaluate(self, samples: int = 1) -> EvalResult:
+        test = self.task.prompts("test", self.cfg.task.test_size, self.cfg.seed)
+        with self._lock:
+            return evaluate(self.engine, self.tokenizer, test, self.reward, self.eval_params, samples)
+
+    def metrics(self) -> dict[str, float]:
+        engine = self.engine.stats()
+        wall = time.perf_counter() - self._born
+        return {
+            **self.buffer.stats(),
+            "rollout/engine_busy_fraction": engine.get("busy_s", 0.0) / max(wall, 1e-9),
+            "rollout/reward_errors_total": float(self.stats.reward_errors),
+            "rollout/samples_total": float(self.stats.samples),
+            "rollout/in_flight_groups": float(len(self.rollout.pending)),
+        }
+
+    def state_dict(self) -> dict:
+        """Where to resume: after the prompts of groups already handed out (or dropped).
+
+        Groups still in flight or waiting in the buffer were never trained on, so a
+        resumed run generates them again instead of skipping their prompts.
+        """
+        consumed = self.cursor_base + self.handed_out + self.buffer.dropped_groups
+        return {"prompts": {"cursor": consumed}, "next_group_id": self.rollout._next_group_id}
+
+    def load_state_dict(self, state: dict, version: int) -> None:
+        """Resume at trainer `version` with nothing in flight."""
+        self.stream.load_state_dict(state["prompts"])
+        self.cursor_base = self.stream.cursor
+        self.rollout._next_group_id = state["next_group_id"]
+        self.version = version
+        self.started_groups = version * self.quota
+
+    def stop(self) -> None:
+        """Stop generating; the engine and reward guard stay usable (final evaluation)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+        self.reward.close()
