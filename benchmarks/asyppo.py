@@ -88,6 +88,9 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
     else:
         policy_params = sum(p.numel() for p in load_policy(cfg.model.path).parameters())
     last = records[-1] if records else {}
+    curve_keys = ["reward/accuracy", "critic/disagreement"] + sorted(
+        k for k in last if k.startswith("critic/explained_variance_")
+    )
     return {
         "method": method,
         "seed": seed,
@@ -108,6 +111,8 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
             v for k, v in sorted(last.items()) if k.startswith("critic/explained_variance_")
         ],
         "adv_masked_fraction": mean("asyppo/adv_masked_fraction"),
+        # per-step curves (training batch, not the held-out set), for the plot
+        "curves": {k: [r.get(k) for r in records] for k in curve_keys},
     }
 
 
@@ -270,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory(prefix="asyppo-bench-") as tmp:
+        if args.out is not None:  # keep the run folders and logs next to the results
+            tmp = str(args.out / "runs")
+            Path(tmp).mkdir(parents=True, exist_ok=True)
         for seed in seeds:  # seed-major: drift in machine load hits all methods alike
             for method in args.methods:
                 t0 = time.perf_counter()

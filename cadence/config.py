@@ -30,6 +30,19 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
 
 
+class LengthSimulation(Section):
+    """Benchmark mode: force long-tailed response lengths on a real engine.
+
+    Each response is generated to a length drawn from a log-normal distribution
+    (stop strings and EOS ignored), reproducing the long tail of reasoning
+    models' responses with real decode work. Rewards still read the text.
+    """
+
+    median_tokens: int = Field(32, gt=0, description="Median forced response length.")
+    sigma: float = Field(1.0, gt=0, description="Log-normal sigma; 1.0 puts the longest of 128 near 15x the median.")
+    max_tokens: int = Field(512, gt=0, description="Cap on a forced length.")
+
+
 class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0, description="Prompts (groups) in one training batch.")
     group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
@@ -42,6 +55,9 @@ class RolloutConfig(Section):
         "sample_version <= alpha. 0 is synchronous training."
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    simulate_lengths: LengthSimulation | None = Field(
+        None, description="Benchmark mode only: forced long-tailed response lengths (see LengthSimulation)."
+    )
 
 
 class TrainerConfig(Section):

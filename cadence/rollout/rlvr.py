@@ -9,7 +9,8 @@ moment it finishes. A group goes to the buffer when its last response is in.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
@@ -41,6 +42,7 @@ class RLVRRollout:
         group_size: int,
         first_group_id: int = 0,
         group_id_step: int = 1,
+        length_sampler: Callable[[], int] | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -51,6 +53,7 @@ class RLVRRollout:
         # Several workers fill one batch: ids advance by the worker count, so they never collide.
         self._next_group_id = first_group_id
         self.group_id_step = group_id_step
+        self.length_sampler = length_sampler
         self._encoded: dict[str, list[int]] = {}
         self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
 
@@ -71,8 +74,14 @@ class RLVRRollout:
             ids = self.encode(prompt)
             for j in range(self.group_size):
                 self.engine.add_request(
-                    GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self.params)
+                    GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
                 )
+
+    def _params(self) -> SamplingParams:
+        if self.length_sampler is None:
+            return self.params
+        # Simulation mode: a forced length, no stop strings, no EOS.
+        return replace(self.params, max_new_tokens=self.length_sampler(), stop=[], ignore_eos=True)
 
     def poll(self, buffer: SampleBuffer, stats: RolloutStats) -> int:
         """One engine step; finished responses are scored at once. Returns groups completed."""

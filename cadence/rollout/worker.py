@@ -20,6 +20,8 @@ The same class runs in-process (`runtime.kind=inline`) or as a Ray actor
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
 import traceback
@@ -75,7 +77,7 @@ class RolloutWorker:
         self.stream = PromptStream(prompts, cfg.seed + index)
         self.rollout = RLVRRollout(
             self.engine, self.tokenizer, self.stream, self.reward, self.params, cfg.rollout.group_size,
-            first_group_id=index, group_id_step=workers,
+            first_group_id=index, group_id_step=workers, length_sampler=self._length_sampler(cfg, index),
         )
         self.buffer = SampleBuffer(self.alpha)
         self.version = 0
@@ -88,6 +90,14 @@ class RolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._born = time.perf_counter()
+
+    @staticmethod
+    def _length_sampler(cfg: RunConfig, index: int):
+        sim = cfg.rollout.simulate_lengths
+        if sim is None:
+            return None
+        rng = random.Random(cfg.seed * 7919 + index)
+        return lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma))))
 
     # -- the producer loop ---------------------------------------------------
     def start(self) -> None:
