@@ -89,3 +89,11 @@ def test_sigkill_then_resume_has_no_gaps_or_duplicates(tiny_llama_dir, tmp_path)
     assert steps == list(range(1, 13))
     samples = [json.loads(x)["progress/samples_total"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert samples == [16.0 * s for s in range(1, 13)]
+
+
+def test_default_run_raises_held_out_accuracy_by_15_points(tmp_path):
+    """The README's promise: `cadence train` on its defaults makes the built-in model better."""
+    cfg = load_config(None, ["logging.progress=false", "logging.tensorboard=false", f"logging.run_dir={tmp_path}"])
+    summary = train(cfg)
+    assert summary.eval_after.pass_at_1 - summary.eval_before.pass_at_1 >= 0.15
+    assert (summary.run_dir / "reward_curve.png").stat().st_size > 10_000
