@@ -55,6 +55,14 @@ class RolloutConfig(Section):
         "sample_version <= alpha. 0 is synchronous training."
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    filter_min_std: float | None = Field(
+        None, ge=0, description="Dynamic filtering: drop groups whose reward std is <= this "
+        "(0 drops all-equal groups); None keeps every group."
+    )
+    extra_prompts: int = Field(
+        0, ge=0, description="With filtering: groups kept in flight beyond the batch, so filtered "
+        "ones are replaced without stalling the trainer."
+    )
     simulate_lengths: LengthSimulation | None = Field(
         None, description="Benchmark mode only: forced long-tailed response lengths (see LengthSimulation)."
     )

@@ -75,3 +75,32 @@ def test_ray_runtime_with_two_workers_and_alpha(tmp_path):
     assert [r["step"] for r in rs] == list(range(1, 7))
     assert max(r["train/staleness_max"] for r in rs) <= 1
     assert all(r["progress/samples_total"] == 16 * r["step"] for r in rs)
+
+
+def test_dynamic_filter_drops_groups_without_signal():
+    from cadence.rollout.rlvr import RLVRRollout
+    from cadence.rollout.sample import Group, Sample
+
+    def group(rewards):
+        g = Group(group_id=0, prompt_id="p")
+        g.samples = [Sample("p", 0, [1], [2], [-0.1], r, 0, "stop") for r in rewards]
+        return g
+
+    rollout = RLVRRollout(None, None, None, None, None, group_size=4, filter_min_std=0.0)
+    assert not rollout.keeps(group([1, 1, 1, 1]))
+    assert not rollout.keeps(group([0, 0, 0, 0]))
+    assert rollout.keeps(group([0, 1, 0, 0]))
+    assert RLVRRollout(None, None, None, None, None, group_size=4).keeps(group([1, 1, 1, 1]))
+
+
+@pytest.mark.slow
+def test_filtered_run_keeps_full_batches(tmp_path):
+    cfg = load_config(
+        None,
+        [*QUICK, "trainer.steps=4", "rollout.filter_min_std=0", "rollout.extra_prompts=2",
+         "rollout.async_ratio=1", f"logging.run_dir={tmp_path}"],
+    )
+    rs = records(train(cfg).run_dir)
+    assert all(r["progress/samples_total"] == 16 * r["step"] for r in rs)
+    assert all(r["reward/std"] > 0 for r in rs)  # every trained group carried signal
+    assert rs[-1]["rollout/filtered_groups_total"] > 0  # the built-in model solves many prompts outright

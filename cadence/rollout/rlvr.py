@@ -28,6 +28,7 @@ class RolloutStats:
     samples: int = 0
     response_tokens: int = 0
     reward_errors: int = 0
+    filtered_groups: int = 0  # dropped by dynamic filtering (no learning signal)
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -43,6 +44,7 @@ class RLVRRollout:
         first_group_id: int = 0,
         group_id_step: int = 1,
         length_sampler: Callable[[], int] | None = None,
+        filter_min_std: float | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -54,6 +56,7 @@ class RLVRRollout:
         self._next_group_id = first_group_id
         self.group_id_step = group_id_step
         self.length_sampler = length_sampler
+        self.filter_min_std = filter_min_std
         self._encoded: dict[str, list[int]] = {}
         self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
 
@@ -76,6 +79,16 @@ class RLVRRollout:
                 self.engine.add_request(
                     GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
                 )
+
+    def keeps(self, group: Group) -> bool:
+        """Dynamic filtering: a group whose rewards barely differ teaches a group-relative
+        estimator nothing (all advantages ~0), so it is dropped and a new prompt takes its place."""
+        if self.filter_min_std is None:
+            return True
+        rewards = group.rewards
+        mean = sum(rewards) / len(rewards)
+        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        return std > self.filter_min_std
 
     def _params(self) -> SamplingParams:
         if self.length_sampler is None:
@@ -130,5 +143,8 @@ class RLVRRollout:
             stats.reward_errors += outcome.error is not None
             stats.finish_reasons[r.finish_reason] = stats.finish_reasons.get(r.finish_reason, 0) + 1
             if len(group.samples) == self.group_size:
-                buffer.put(group)
                 del pending[group.group_id]
+                if self.keeps(group):
+                    buffer.put(group)
+                else:
+                    stats.filtered_groups += 1

@@ -56,6 +56,7 @@ class RolloutWorker:
         self.index = index
         self.quota = worker_quotas(cfg.rollout.prompts_per_step, workers)[index]
         self.alpha = cfg.rollout.async_ratio
+        self.extra = cfg.rollout.extra_prompts if cfg.rollout.filter_min_std is not None else 0
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.engine = build_engine(cfg.rollout.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
         self.task = build_task(cfg.task)
@@ -78,6 +79,7 @@ class RolloutWorker:
         self.rollout = RLVRRollout(
             self.engine, self.tokenizer, self.stream, self.reward, self.params, cfg.rollout.group_size,
             first_group_id=index, group_id_step=workers, length_sampler=self._length_sampler(cfg, index),
+            filter_min_std=cfg.rollout.filter_min_std,
         )
         self.buffer = SampleBuffer(self.alpha)
         self.version = 0
@@ -106,7 +108,9 @@ class RolloutWorker:
             self._thread.start()
 
     def _allowed_groups(self) -> int:
-        return (self.version + self.alpha + 1) * self.quota
+        # Filtered groups never reach the buffer, so they do not use up the allowance; extra
+        # prompts in flight keep the batch full while some groups are being filtered out.
+        return (self.version + self.alpha + 1) * self.quota + self.stats.filtered_groups + self.extra
 
     def _run(self) -> None:
         try:
@@ -162,6 +166,7 @@ class RolloutWorker:
             "rollout/reward_errors_total": float(self.stats.reward_errors),
             "rollout/samples_total": float(self.stats.samples),
             "rollout/in_flight_groups": float(len(self.rollout.pending)),
+            "rollout/filtered_groups_total": float(self.stats.filtered_groups),
         }
 
     def state_dict(self) -> dict:

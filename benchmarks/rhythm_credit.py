@@ -1,0 +1,603 @@
+"""Benchmark: GRPO vs GRPO + attention-rhythm credit (local, global, coupled).
+
+Issue 7 asks, on the embedded default task, for the same steps and three seeds
+of GRPO and of GRPO with each of the three credits, reporting final held-out
+accuracy and the cost of the attention pass. This script runs all of them in
+one process, one after the other (the benchmark machine has two cores, and
+parallel runs would distort every timing), and writes
+
+- ``docs/results/rhythm_credit.json``: every run and the per-method summary;
+- the table between the ``rhythm-table`` markers of ``docs/attention_rhythm.md``
+  (a rerun replaces it);
+- ``docs/results/rhythm_example*.png``: the ``cadence rhythm`` pictures.
+
+Two settings:
+
+``default``
+    ``cadence train`` as shipped: the built-in model on 2-digit addition. Its
+    responses are 2-4 tokens ("85\\n"), shorter than the FAI horizon
+    (t - s >= 10), so FAI is 0 everywhere, no token is an anchor, and global
+    and coupled credit leave every advantage unchanged (gamma = 1). They are
+    run anyway: they measure the attention pass's cost, and reproducing
+    GRPO's reward curve exactly is the check that they are inert.
+``scratchpad``
+    Where the attention structure has room to matter: the built-in model is
+    first fine-tuned (a few minutes, cached under ``--workdir``) to write its
+    column sums before the answer, ``47+38=`` -> ``7+8=15, 4+3+1=8, so 85\\n``
+    (~23 tokens). Like the built-in model's own warm-up, 60% of the SFT
+    answers to carrying problems forget to add the carry (``4+3+0=7, so 75``),
+    a habit RL with the exact-match reward (on the last number) removes. The
+    answer digits are copied from column sums 5-20 tokens back, so FAI is
+    non-zero and all three credits act.
+
+Usage::
+
+    python benchmarks/rhythm_credit.py                 # the documented table
+    python benchmarks/rhythm_credit.py --quick         # smoke test, writes nothing under docs/
+    python benchmarks/rhythm_credit.py --steps 60 --seeds 0 1 2 3 --settings scratchpad
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cadence.algo.rhythm import RhythmConfig
+from cadence.config import load_config
+from cadence.recipes.train_rlvr import train
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "attention_rhythm.md"
+RESULTS = REPO / "docs" / "results"
+TABLE_START, TABLE_END = "<!-- rhythm-table-start -->", "<!-- rhythm-table-end -->"
+
+METHODS = ("none", "local", "global", "coupled")
+LABELS = {
+    "none": "GRPO",
+    "local": "GRPO + local",
+    "global": "GRPO + global",
+    "coupled": "GRPO + coupled",
+}
+SETTINGS = ("default", "scratchpad")
+
+# Common to every run: quiet, no intermediate checkpoints, one torch thread.
+BASE_OVERRIDES = [
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "checkpoint.every=0",
+    "runtime.threads=1",
+]
+
+# The scratchpad warm-up: starts from the built-in model, which already reads
+# "NN+NN=" prompts, so a few hundred steps teach it the longer answer format.
+SFT_STEPS = 600
+SFT_LR = 3e-3
+SFT_BATCH = 64
+SFT_EXAMPLES = 20000
+SFT_SLIP = 0.6
+SCRATCHPAD_TEST = 200
+SCRATCHPAD_OVERRIDES = [
+    "task.name=jsonl",
+    "reward.extract=last_number",
+    'rollout.stop=["\\n"]',  # YAML double quotes: a real newline
+    "rollout.max_new_tokens=32",
+    "rollout.prompts_per_step=8",  # 64 samples a step: longer responses cost more
+]
+
+
+# ----------------------------------------------------------------------------
+# The scratchpad task
+
+
+def scratchpad(a: int, b: int, slip: bool = False) -> str:
+    """Column-by-column working for a + b (a, b < 100), ending with the answer and a newline.
+
+    With ``slip`` a carrying problem forgets the carry in the tens column, so the
+    written answer is wrong by ten, but self-consistent with the working.
+    """
+    a1, a0, b1, b0 = a // 10, a % 10, b // 10, b % 10
+    ones = a0 + b0
+    carry = 0 if slip else ones // 10
+    tens = a1 + b1 + carry
+    return f"{a0}+{b0}={ones}, {a1}+{b1}+{carry}={tens}, so {tens * 10 + ones % 10}\n"
+
+
+def scratchpad_split(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(train, test) pairs over all 10,000 problems; the test problems never appear in train."""
+    pairs = [(a, b) for a in range(100) for b in range(100)]
+    random.Random(seed).shuffle(pairs)
+    return pairs[SCRATCHPAD_TEST:], pairs[:SCRATCHPAD_TEST]
+
+
+def write_jsonl(path: Path, pairs: list[tuple[int, int]]) -> None:
+    """Prompts as the built-in task writes them ("07+45="), gold answer the sum."""
+    with path.open("w", encoding="utf-8") as handle:
+        for a, b in pairs:
+            handle.write(json.dumps({"prompt": f"{a:02d}+{b:02d}=", "answer": str(a + b)}) + "\n")
+
+
+def scratchpad_sft(out: Path, steps: int, seed: int = 0) -> float:
+    """Teach the built-in model the scratchpad format (with the carry slip); returns seconds.
+
+    Mirrors `cadence.recipes.sft.sft` (same optimiser, warm-up and decay), which
+    cannot be reused as is because it takes its examples from a task's
+    `sft_examples` and only "arith" has those.
+    """
+    from cadence.models.loading import load_policy, load_tokenizer
+    from cadence.recipes.sft import encode_examples, make_batch
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    train_pairs, _ = scratchpad_split()
+    pairs = []
+    for _ in range(SFT_EXAMPLES):
+        a, b = rng.choice(train_pairs)
+        slip = (a % 10 + b % 10 >= 10) and rng.random() < SFT_SLIP
+        pairs.append((f"{a:02d}+{b:02d}=", scratchpad(a, b, slip)))
+    tokenizer, model = load_tokenizer("builtin"), load_policy("builtin")
+    data = encode_examples(tokenizer, pairs)
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / steps)
+    )
+    start = time.perf_counter()
+    for i in range(steps):
+        ids, attn, labels = make_batch(rng.sample(data, SFT_BATCH), tokenizer.pad_token_id)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (i + 1) % 100 == 0 or i + 1 == steps:
+            print(f"  sft step {i + 1}/{steps}: loss {loss.item():.3f}", flush=True)
+    seconds = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "scratchpad_sft.json").write_text(
+        json.dumps({"steps": steps, "seed": seed, "lr": SFT_LR, "slip": SFT_SLIP, "seconds": seconds})
+    )
+    return seconds
+
+
+def prepare_scratchpad(workdir: Path, sft_steps: int) -> tuple[list[str], dict[str, Any]]:
+    """Data files and the warmed-up model (reused when already made); run overrides and facts."""
+    data = workdir / "scratchpad-data"
+    data.mkdir(parents=True, exist_ok=True)
+    train_pairs, test_pairs = scratchpad_split()
+    write_jsonl(data / "train.jsonl", train_pairs)
+    write_jsonl(data / "test.jsonl", test_pairs)
+    model = workdir / f"sft-scratchpad-{sft_steps}"
+    marker = model / "scratchpad_sft.json"
+    if marker.is_file():
+        sft_seconds, cached = float(json.loads(marker.read_text())["seconds"]), True
+        print(f"scratchpad: reusing {model} (SFT took {sft_seconds:.0f} s when made)")
+    else:
+        print(f"scratchpad: SFT of the built-in model for {sft_steps} steps -> {model}")
+        sft_seconds, cached = scratchpad_sft(model, sft_steps), False
+    # Relative to the working directory, so the JSON and the plot titles read
+    # "runs/bench-rhythm/..." when run from the repository root as documented.
+    model_path, train_file, test_file = (
+        os.path.relpath(p) for p in (model, data / "train.jsonl", data / "test.jsonl")
+    )
+    overrides = [
+        f"model.path={model_path}",
+        f"task.train_file={train_file}",
+        f"task.test_file={test_file}",
+        *SCRATCHPAD_OVERRIDES,
+    ]
+    facts = {"model": model_path, "sft_steps": sft_steps, "sft_seconds": sft_seconds, "sft_cached": cached}
+    return overrides, facts
+
+
+# ----------------------------------------------------------------------------
+# Runs
+
+
+@dataclass
+class RunRecord:
+    """One training run, reduced to what the table needs (all times in seconds)."""
+
+    setting: str
+    method: str
+    seed: int
+    steps: int
+    pass_before: float
+    pass_after: float
+    step_s: float  # mean time/step: rollout + trainer step (incl. attention pass) + weight sync
+    train_s: float  # mean train/seconds: the trainer step alone
+    rollout_s: float  # mean time/rollout
+    attention_s: float  # mean rhythm/attention_seconds (0 for GRPO)
+    attention_share: float  # sum attention_seconds / sum time/step
+    amplified_frac: float | None
+    gamma_mean: float | None
+    response_len: float
+    wall_s: float  # the whole run in this process: load, eval before, train, eval after
+    reward_curve: list[float] = field(repr=False)
+    grad_norm_curve: list[float] = field(repr=False)
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if key in r]
+    return statistics.fmean(values) if values else None
+
+
+def run_one(
+    setting: str, method: str, seed: int, steps: int, overrides: list[str], workdir: Path
+) -> RunRecord:
+    """Train once and read the run's metrics.jsonl back."""
+    run_dir = workdir / "runs" / f"{setting}-{method}-seed{seed}-{time.time_ns()}"
+    cfg = load_config(
+        None,
+        [
+            *BASE_OVERRIDES,
+            *overrides,
+            f"algorithm.credit={method}",
+            f"trainer.steps={steps}",
+            f"seed={seed}",
+            f"logging.run_dir={run_dir}",
+        ],
+    )
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # train() prints a summary box per run
+        summary = train(cfg)
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").open()]
+    step_total = sum(r["time/step"] for r in rows)
+    attention_total = sum(r.get("rhythm/attention_seconds", 0.0) for r in rows)
+    return RunRecord(
+        setting=setting,
+        method=method,
+        seed=seed,
+        steps=steps,
+        pass_before=summary.eval_before.pass_at_1,
+        pass_after=summary.eval_after.pass_at_1,
+        step_s=step_total / len(rows),
+        train_s=_mean(rows, "train/seconds") or 0.0,
+        rollout_s=_mean(rows, "time/rollout") or 0.0,
+        attention_s=attention_total / len(rows),
+        attention_share=attention_total / step_total,
+        amplified_frac=_mean(rows, "rhythm/amplified_frac"),
+        gamma_mean=_mean(rows, "rhythm/gamma_mean"),
+        response_len=_mean(rows, "response/length_mean") or 0.0,
+        wall_s=wall,
+        reward_curve=[r["reward/mean"] for r in rows],
+        grad_norm_curve=[r["train/grad_norm"] for r in rows],
+    )
+
+
+def summarise(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """Per (setting, method): accuracy over seeds and mean costs, step time relative to GRPO."""
+    out = []
+    for setting in dict.fromkeys(r.setting for r in runs):
+        mine = [r for r in runs if r.setting == setting]
+        grpo = {r.seed: r for r in mine if r.method == "none"}
+        grpo_step = statistics.fmean(r.step_s for r in grpo.values()) if grpo else None
+        for method in METHODS:
+            group = [r for r in mine if r.method == method]
+            if not group:
+                continue
+            after = [r.pass_after for r in group]
+            step = statistics.fmean(r.step_s for r in group)
+            gammas = [r.gamma_mean for r in group if r.gamma_mean is not None]
+            fracs = [r.amplified_frac for r in group if r.amplified_frac is not None]
+            out.append(
+                {
+                    "setting": setting,
+                    "method": method,
+                    "label": LABELS[method],
+                    "seeds": [r.seed for r in group],
+                    "pass_before": statistics.fmean(r.pass_before for r in group),
+                    "pass_after": after,
+                    "pass_after_mean": statistics.fmean(after),
+                    "pass_after_sd": statistics.stdev(after) if len(after) > 1 else 0.0,
+                    "step_s": step,
+                    "train_s": statistics.fmean(r.train_s for r in group),
+                    "rollout_s": statistics.fmean(r.rollout_s for r in group),
+                    "attention_s": statistics.fmean(r.attention_s for r in group),
+                    "attention_share": sum(r.attention_s for r in group)
+                    / sum(r.step_s for r in group),
+                    "step_vs_grpo": step / grpo_step if grpo_step else None,
+                    "amplified_frac": statistics.fmean(fracs) if fracs else None,
+                    "gamma_mean": statistics.fmean(gammas) if gammas else None,
+                    "response_len": statistics.fmean(r.response_len for r in group),
+                    # Same seed, same reward and gradient norm at every step: the
+                    # credit changed no advantage, so the run is GRPO's run.
+                    "identical_to_grpo": all(
+                        r.seed in grpo
+                        and r.reward_curve == grpo[r.seed].reward_curve
+                        and r.grad_norm_curve == grpo[r.seed].grad_norm_curve
+                        for r in group
+                    )
+                    if method != "none"
+                    else None,
+                }
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Where the attention pass's time goes
+
+
+def probe_attention(
+    model: str, prompt: str, response_len: int, batch: int, repeats: int = 3
+) -> list[dict[str, Any]]:
+    """Time the attention pass on one synthetic batch: model forward vs per-sample credit math.
+
+    Tries the cheaper knobs: fewer layers (`algorithm.rhythm.layers`) and one
+    forward for the whole batch instead of the trainer's micro-batches of 16.
+    Response tokens are random: the cost does not depend on what they say.
+    """
+    from cadence.models.attention import ActorAttention
+    from cadence.models.loading import load_policy, load_tokenizer
+
+    tokenizer, policy = load_tokenizer(model), load_policy(model)
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor(tokenizer(prompt).input_ids)
+    prompts = [p] * batch
+    responses = [torch.randint(4, 200, (response_len,), generator=gen) for _ in range(batch)]
+    ids = torch.cat([torch.stack(prompts), torch.stack(responses)], dim=1)
+    cfg = RhythmConfig(credit="coupled")
+    rows = []
+    for layers in (cfg.layers, 1):
+        actor = ActorAttention(policy, layers=layers)
+        for micro in (16, batch):
+            total, forward = math.inf, math.inf
+            for _ in range(repeats):  # best of several: the machine is shared
+                t0 = time.perf_counter()
+                actor.token_credit_batch(prompts, responses, cfg, micro_batch=micro)
+                t1 = time.perf_counter()
+                for lo in range(0, batch, micro):
+                    actor.maps(ids[lo : lo + micro], query_start=p.numel())
+                t2 = time.perf_counter()
+                total, forward = min(total, t1 - t0), min(forward, t2 - t1)
+            rows.append(
+                {
+                    "layers_config": layers,
+                    "layers_read": list(actor.layer_ids),
+                    "micro_batch": micro,
+                    "batch": batch,
+                    "response_len": response_len,
+                    "total_s": total,
+                    "forward_s": forward,
+                    "credit_math_s": max(0.0, total - forward),
+                }
+            )
+    return rows
+
+
+# ----------------------------------------------------------------------------
+# Pictures
+
+
+def draw_examples(scratchpad_model: str | None) -> list[str]:
+    """The `cadence rhythm` pictures embedded in the docs; returns their paths."""
+    from cadence.recipes.rhythm import run_rhythm
+
+    made = []
+    jobs = [("builtin", RESULTS / "rhythm_example_builtin.png")]
+    if scratchpad_model:
+        jobs.insert(0, (scratchpad_model, RESULTS / "rhythm_example.png"))
+    for checkpoint, out in jobs:
+        result = run_rhythm(checkpoint, prompt="47+38=", credit="coupled", stop=["\n"], out=out, threads=1)
+        print(f"  {out.relative_to(REPO)}: {result.summary()}")
+        made.append(str(out.relative_to(REPO)))
+    return made
+
+
+# ----------------------------------------------------------------------------
+# Report
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _opt(x: float | None, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def markdown_table(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The results table (one per setting) and what reproduces it."""
+    lines = [
+        f"Measured {meta['date']} on {meta['machine']}, torch threads 1, "
+        f"{meta['steps']} steps, seeds {' '.join(map(str, meta['seeds']))}; "
+        f"benchmark wall time {meta['wall_s'] / 60:.1f} min. Reproduce with "
+        f"`{meta['command']}`; every run is in `docs/results/rhythm_credit.json`.",
+        "",
+    ]
+    for setting in dict.fromkeys(row["setting"] for row in summary):
+        rows = [row for row in summary if row["setting"] == setting]
+        info = meta["settings"][setting]
+        lines += [
+            f"**{setting}**: {info['what']}; mean response {rows[0]['response_len']:.1f} tokens, "
+            f"{info['batch']} samples a step.",
+            "",
+            "| method | pass@1 before | pass@1 after (mean ± sd) | per seed | step s | "
+            "attention s | attention share of step | step time vs GRPO | amplified tokens | mean gamma |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            same = " (identical to GRPO)" if row["identical_to_grpo"] else ""
+            lines.append(
+                f"| {row['label']}{same} | {row['pass_before']:.3f} | "
+                f"{row['pass_after_mean']:.3f} ± {row['pass_after_sd']:.3f} | "
+                f"{' / '.join(f'{x:.3f}' for x in row['pass_after'])} | {row['step_s']:.3f} | "
+                f"{row['attention_s']:.3f} | {_pct(row['attention_share'])}% | "
+                f"{_opt(row['step_vs_grpo'], '.2f')}x | "
+                f"{'–' if row['amplified_frac'] is None else _pct(row['amplified_frac']) + '%'} | "
+                f"{_opt(row['gamma_mean'], '.3f')} |"
+            )
+        lines.append("")
+    probes = meta.get("attention_probe", {})
+    if probes:
+        lines += [
+            "Where the attention pass's time goes (one synthetic batch, best of 3; the trainer uses "
+            "micro-batches of 16): the eager "
+            "forward of the copy vs the per-sample credit math (head spans, WAAD, FAI, top-q).",
+            "",
+            "| setting | layers read | micro-batch | pass s | forward s | credit math s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for setting, rows in probes.items():
+            for row in rows:
+                lines.append(
+                    f"| {setting} ({row['batch']} x {row['response_len']} tokens) | "
+                    f"{row['layers_read']} | {row['micro_batch']} | {row['total_s']:.3f} | "
+                    f"{row['forward_s']:.3f} | {row['credit_math_s']:.3f} |"
+                )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_table(doc: Path, table: str) -> None:
+    """Replace what lies between the markers (the doc must already hold both)."""
+    text = doc.read_text(encoding="utf-8")
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"{doc}: markers {TABLE_START} / {TABLE_END} not found")
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    doc.write_text(f"{head}{TABLE_START}\n{table}{TABLE_END}{tail}", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------
+# Main
+
+
+def machine() -> str:
+    """CPU model and core count, Python and torch versions: timings mean little without them."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{cpu}, {cores} cores (shared with other work), Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="Training steps of every run.")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="Scratchpad warm-up steps.")
+    parser.add_argument(
+        "--workdir", type=Path, default=REPO / "runs" / "bench-rhythm",
+        help="Run folders, scratchpad data and the warmed-up model (reused between invocations).",
+    )
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="Smoke test: 2 steps, seed 0, a 20-step warm-up, results under --workdir only.",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="Write nothing under docs/.")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.seeds, args.sft_steps, args.no_docs = 2, [0], 20, True
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    began = time.perf_counter()
+    torch.set_num_threads(1)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    settings: dict[str, dict[str, Any]] = {}
+    overrides: dict[str, list[str]] = {}
+    if "default" in args.settings:
+        cfg = load_config(None, [])
+        overrides["default"] = []
+        settings["default"] = {
+            "what": "`cadence train` defaults: built-in model, 2-digit addition (`task.name=arith`)",
+            "batch": cfg.batch_size,
+            "overrides": [],
+        }
+    if "scratchpad" in args.settings:
+        extra, facts = prepare_scratchpad(args.workdir, args.sft_steps)
+        overrides["scratchpad"] = extra
+        cfg = load_config(None, extra)
+        settings["scratchpad"] = {
+            "what": "built-in model fine-tuned to write its column sums "
+            "(`47+38=` -> `7+8=15, 4+3+1=8, so 85`), with a carry-slip habit",
+            "batch": cfg.batch_size,
+            "overrides": extra,
+            **facts,
+        }
+
+    runs: list[RunRecord] = []
+    total = len(settings) * len(args.seeds) * len(args.methods)
+    for setting in settings:
+        # Seeds outside, methods inside: a slow spell on the shared machine then
+        # hits every method of a seed alike instead of one method's three runs.
+        for seed in args.seeds:
+            for method in args.methods:
+                record = run_one(setting, method, seed, args.steps, overrides[setting], args.workdir)
+                runs.append(record)
+                print(
+                    f"[{len(runs)}/{total}] {setting:<10} {LABELS[method]:<15} seed {seed}: "
+                    f"pass@1 {record.pass_before:.3f} -> {record.pass_after:.3f}, "
+                    f"step {record.step_s:.3f} s, attention {record.attention_s:.3f} s "
+                    f"({_pct(record.attention_share)}%), gamma {_opt(record.gamma_mean, '.3f')}, "
+                    f"run {record.wall_s:.0f} s",
+                    flush=True,
+                )
+
+    probes = {}
+    for setting in settings:
+        model = settings[setting].get("model", "builtin")
+        length = round(statistics.fmean(r.response_len for r in runs if r.setting == setting))
+        probes[setting] = probe_attention(
+            model, "47+38=", length, settings[setting]["batch"], repeats=1 if args.quick else 3
+        )
+
+    summary = summarise(runs)
+    command = "python benchmarks/rhythm_credit.py" + (" " + " ".join(argv) if argv else "")
+    meta = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "command": command,
+        "settings": settings,
+        "attention_probe": probes,
+    }
+    pictures = [] if args.no_docs else draw_examples(settings.get("scratchpad", {}).get("model"))
+    meta["wall_s"] = time.perf_counter() - began
+    meta["pictures"] = pictures
+    table = markdown_table(summary, meta)
+    report = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
+    out_json = args.workdir / "rhythm_credit.json" if args.no_docs else RESULTS / "rhythm_credit.json"
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if not args.no_docs:
+        write_table(DOC, table)
+    print()
+    print(table)
+    print(f"wrote {out_json}" + ("" if args.no_docs else f" and the table in {DOC}"))
+    print(f"benchmark wall time: {meta['wall_s']:.0f} s")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
