@@ -72,7 +72,9 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
         *extra,
     ]
     cfg = load_config(None, overrides)
+    cpu_start = time.process_time()
     summary = train(cfg)
+    cpu_seconds = time.process_time() - cpu_start  # all threads of this process; not load-sensitive
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     records = read_jsonl(Path(summary.run_dir) / "metrics.jsonl")
 
@@ -80,16 +82,15 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
         values = [r[key] for r in records if key in r]
         return statistics.fmean(values) if values else None
 
+    # Counted after the peak was read: building models again costs memory.
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    policy_params = sum(p.numel() for p in policy.parameters())
     critic_params = 0
-    if cfg.algorithm.uses_critics:  # counted after the peak was read: rebuilding costs memory
-        policy = load_policy(cfg.model.path, cfg.model.dtype)
+    if cfg.algorithm.uses_critics:
         with torch.random.fork_rng():
             critic_params = CriticEnsemble(
                 cfg.algorithm.critic, policy, cfg.model.path, seed, cfg.trainer.micro_batch_size
             ).num_parameters()
-        policy_params = sum(p.numel() for p in policy.parameters())
-    else:
-        policy_params = sum(p.numel() for p in load_policy(cfg.model.path).parameters())
     last = records[-1] if records else {}
     curve_keys = ["reward/accuracy", "critic/disagreement"] + sorted(
         k for k in last if k.startswith("critic/explained_variance_")
@@ -102,22 +103,26 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
         "pass_at_1_before": summary.eval_before.pass_at_1 if summary.eval_before else None,
         "pass_at_1_after": summary.eval_after.pass_at_1 if summary.eval_after else None,
         "train_seconds": summary.seconds,
+        "cpu_seconds": cpu_seconds,
         "step_seconds": mean("time/step"),
         "trainer_seconds": mean("train/seconds"),
-        "rollout_seconds": mean("time/rollout"),
+        "trainer_idle_seconds": mean("time/trainer_idle"),
         "critic_seconds": mean("critic/seconds"),
         "peak_rss_mib": peak_rss_mib,
         "policy_params": policy_params,
         "critic_params": critic_params,
-        "final_train_accuracy": last.get("reward/accuracy"),
         "final_explained_variance": [
             v for k, v in sorted(last.items()) if k.startswith("critic/explained_variance_")
         ],
         "adv_masked_fraction": mean("asyppo/adv_masked_fraction"),
         "train_accuracy_last10": statistics.fmean(r["reward/accuracy"] for r in records[-10:]),
         # per-step curves (training batch, not the held-out set), for the plot
-        "curves": {k: [r.get(k) for r in records] for k in curve_keys},
+        "curves": {k: [_round(r.get(k)) for r in records] for k in curve_keys},
     }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, 4)
 
 
 # ---- the driver ---------------------------------------------------------------
@@ -172,7 +177,7 @@ def summarise(runs: list[dict]) -> dict:
             key: _stats([r[key] for r in mine])
             for key in (
                 "pass_at_1_before", "pass_at_1_after", "train_accuracy_last10", "step_seconds",
-                "trainer_seconds", "rollout_seconds", "critic_seconds", "peak_rss_mib",
+                "trainer_seconds", "trainer_idle_seconds", "critic_seconds", "cpu_seconds", "peak_rss_mib",
                 "adv_masked_fraction",
             )
         }
@@ -227,10 +232,10 @@ def markdown_tables(methods: dict, seeds: list[int]) -> str:
         "|---|---|---|---|---|",
     ]
     cost = [
-        "| method | step time (s) | vs PPO | trainer time (s) | critic update (s) "
+        "| method | step time (s) | vs PPO | trainer time (s) | critic update (s) | CPU time (s) "
         "| peak RSS (MiB) | vs PPO | RSS over GRPO (MiB) | critic params | vs PPO "
         "| critic state (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
         after = m["pass_at_1_after"]
@@ -239,17 +244,14 @@ def markdown_tables(methods: dict, seeds: list[int]) -> str:
             f"| {name} | {_pm(m['pass_at_1_before'], '.3f')} | {_pm(after, '.3f')} | {per_seed} "
             f"| {_pm(m['train_accuracy_last10'], '.3f')} |"
         )
-        has_critic = m["critic_params"] > 0
         cost.append(
             f"| {name} | {_pm(m['step_seconds'], '.3f')} | {_pm(m.get('step_time_vs_ppo'), '.2f', 'x')} "
             f"| {_pm(m['trainer_seconds'], '.3f')} | {_pm(m['critic_seconds'], '.3f')} "
+            f"| {_pm(m['cpu_seconds'], '.0f')} "
             f"| {_pm(m['peak_rss_mib'], '.1f')} | {_pm(m.get('peak_rss_vs_ppo'), '.3f', 'x')} "
             f"| {_pm(m.get('rss_over_grpo_mib'), '.1f')} "
             f"| {m['critic_params']:,} | {_ratio(m.get('critic_params_vs_ppo'))} "
-            f"| {m['critic_state_mib']:.1f} |" if has_critic else
-            f"| {name} | {_pm(m['step_seconds'], '.3f')} | {_pm(m.get('step_time_vs_ppo'), '.2f', 'x')} "
-            f"| {_pm(m['trainer_seconds'], '.3f')} | – | {_pm(m['peak_rss_mib'], '.1f')} "
-            f"| {_pm(m.get('peak_rss_vs_ppo'), '.3f', 'x')} | – | 0 | – | 0 |"
+            f"| {m['critic_state_mib']:.1f} |"
         )
     return "\n".join(acc) + "\n\n" + "\n".join(cost) + "\n"
 
@@ -275,16 +277,17 @@ def plot(runs: list[dict], path: Path) -> None:
         return per_step
 
     fig, (ax_acc, ax_ev) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
     for method in METHODS:
         mine = [r for r in runs if r["method"] == method]
         if not mine:
             continue
         acc = smooth([r["curves"]["reward/accuracy"] for r in mine])
-        ax_acc.plot(range(1, len(acc) + 1), acc, label=method)
+        ax_acc.plot(range(1, len(acc) + 1), acc, label=method, color=colors[method])
         ev_keys = [k for k in mine[0]["curves"] if k.startswith("critic/explained_variance_")]
         if ev_keys:
             ev = smooth([r["curves"][k] for r in mine for k in ev_keys])
-            ax_ev.plot(range(1, len(ev) + 1), ev, label=method)
+            ax_ev.plot(range(1, len(ev) + 1), ev, label=method, color=colors[method])
     ax_acc.set(xlabel="step", ylabel="training-batch accuracy", title="accuracy (10-step mean, all seeds)")
     ax_ev.set(xlabel="step", ylabel="explained variance", title="critics' explained variance")
     ax_ev.axhline(0, color="grey", lw=0.5)

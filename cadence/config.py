@@ -146,6 +146,17 @@ class RunConfig(Section):
                 data = {**data, "algorithm": {**algo, "max_response_length": budget}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_seed_follows_run_seed(cls, data: Any) -> Any:
+        """One `seed` should change sampling too, unless the engine's seed is set on its own."""
+        if isinstance(data, dict) and "seed" in data:
+            rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+            engine = rollout.get("engine") if isinstance(rollout.get("engine"), dict) else {}
+            if "seed" not in engine:
+                data = {**data, "rollout": {**rollout, "engine": {**engine, "seed": data["seed"]}}}
+        return data
+
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> RunConfig:
         batch = self.rollout.prompts_per_step * self.rollout.group_size

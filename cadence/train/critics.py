@@ -23,7 +23,12 @@ from cadence.train.batch import TrainBatch
 
 
 def build_critic(cfg: CriticConfig, policy: PreTrainedModel, policy_path: str, seed: int) -> ValueModel:
-    torch.manual_seed(seed)
+    with torch.random.fork_rng():  # each critic its own init, the run's RNG untouched
+        torch.manual_seed(seed)
+        return _new_critic(cfg, policy, policy_path)
+
+
+def _new_critic(cfg: CriticConfig, policy: PreTrainedModel, policy_path: str) -> ValueModel:
     if cfg.critic_path:
         return ValueModel.from_pretrained(cfg.critic_path)
     if cfg.critic_fraction >= 1.0:
@@ -79,7 +84,7 @@ class CriticEnsemble:
                 weight = float(part.mask.sum()) / total_tokens
                 loss = critic_loss(values, returns[sel], part.mask, old_values[m, sel], self.cfg.value_clip) * weight
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += loss.item()
             torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
             opt.step()
             metrics[f"critic/value_loss_{m}"] = loss_sum
