@@ -171,7 +171,9 @@ def scratchpad_sft(out: Path, steps: int, seed: int = 0) -> float:
     model.eval().save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "scratchpad_sft.json").write_text(
-        json.dumps({"steps": steps, "seed": seed, "lr": SFT_LR, "slip": SFT_SLIP, "seconds": seconds})
+        json.dumps(
+            {"steps": steps, "seed": seed, "lr": SFT_LR, "slip": SFT_SLIP, "seconds": seconds}
+        )
     )
     return seconds
 
@@ -202,7 +204,12 @@ def prepare_scratchpad(workdir: Path, sft_steps: int) -> tuple[list[str], dict[s
         f"task.test_file={test_file}",
         *SCRATCHPAD_OVERRIDES,
     ]
-    facts = {"model": model_path, "sft_steps": sft_steps, "sft_seconds": sft_seconds, "sft_cached": cached}
+    facts = {
+        "model": model_path,
+        "sft_steps": sft_steps,
+        "sft_seconds": sft_seconds,
+        "sft_cached": cached,
+    }
     return overrides, facts
 
 
@@ -229,6 +236,7 @@ class RunRecord:
     gamma_mean: float | None
     response_len: float
     wall_s: float  # the whole run in this process: load, eval before, train, eval after
+    load_avg: float  # 1-minute load average when the run ended: the machine is shared
     reward_curve: list[float] = field(repr=False)
     grad_norm_curve: list[float] = field(repr=False)
 
@@ -277,6 +285,7 @@ def run_one(
         gamma_mean=_mean(rows, "rhythm/gamma_mean"),
         response_len=_mean(rows, "response/length_mean") or 0.0,
         wall_s=wall,
+        load_avg=os.getloadavg()[0],
         reward_curve=[r["reward/mean"] for r in rows],
         grad_norm_curve=[r["train/grad_norm"] for r in rows],
     )
@@ -383,6 +392,56 @@ def probe_attention(
     return rows
 
 
+def carry_credit(model: str, problems: int = 60) -> dict[str, Any]:
+    """Does each credit reach the token that decides a carrying problem?
+
+    In the scratchpad the answer hinges on one token: the carry digit of the
+    tens column ("4+3+1" right, "4+3+0" the slip), about 12 tokens into a
+    ~24-token response. This reads both workings, right and slipped, of the
+    first `problems` carrying test problems (teacher-forced, so every sample
+    has the token at a known place) and reports, per credit, how often that
+    token is amplified and its mean gamma, plus how large the FAI of the
+    selected anchors is: top-q keeps ceil(q * R) tokens whatever their FAI.
+    """
+    from cadence.models.attention import ActorAttention
+    from cadence.models.loading import load_policy, load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    actor = ActorAttention(load_policy(model))
+    _, test = scratchpad_split()
+    prompts, responses, where = [], [], []
+    for a, b in [(a, b) for a, b in test if a % 10 + b % 10 >= 10][:problems]:
+        for slip in (False, True):
+            text = scratchpad(a, b, slip)
+            tens = text.index(", ") + 2  # "a1+b1+c=..." starts here; c is its 5th character
+            prompts.append(torch.tensor(tokenizer(f"{a:02d}+{b:02d}=").input_ids))
+            responses.append(torch.tensor(tokenizer(text, add_special_tokens=False).input_ids))
+            where.append(tens + 4)  # one token per character
+    out: dict[str, Any] = {
+        "responses": len(responses),
+        "carry_position_mean": statistics.fmean(where),
+        "response_len_mean": statistics.fmean(r.numel() for r in responses),
+    }
+    for credit in ("local", "global", "coupled"):
+        results = actor.token_credit_batch(
+            prompts, responses, RhythmConfig(credit=credit), micro_batch=16
+        )
+        gammas = [float(g[i]) for (g, _), i in zip(results, where, strict=True)]
+        out[credit] = {
+            "carry_amplified": statistics.fmean(g > 1.0 for g in gammas),
+            "carry_gamma_mean": statistics.fmean(gammas),
+        }
+        if credit == "global":
+            fai = [
+                float(info["fai"][a])
+                for _, info in results
+                for a in info["anchors"].nonzero().flatten()
+            ]
+            out["anchor_fai_median"] = statistics.median(fai)
+            out["anchor_fai_below_1e-4"] = statistics.fmean(f < 1e-4 for f in fai)
+    return out
+
+
 # ----------------------------------------------------------------------------
 # Pictures
 
@@ -396,7 +455,9 @@ def draw_examples(scratchpad_model: str | None) -> list[str]:
     if scratchpad_model:
         jobs.insert(0, (scratchpad_model, RESULTS / "rhythm_example.png"))
     for checkpoint, out in jobs:
-        result = run_rhythm(checkpoint, prompt="47+38=", credit="coupled", stop=["\n"], out=out, threads=1)
+        result = run_rhythm(
+            checkpoint, prompt="47+38=", credit="coupled", stop=["\n"], out=out, threads=1
+        )
         print(f"  {out.relative_to(REPO)}: {result.summary()}")
         made.append(str(out.relative_to(REPO)))
     return made
@@ -414,12 +475,22 @@ def _opt(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _warmup_note(meta: dict[str, Any]) -> str:
+    info = meta["settings"].get("scratchpad")
+    if not info:
+        return ""
+    if info["sft_cached"]:
+        return f"; scratchpad warm-up reused, it took {info['sft_seconds']:.0f} s when made"
+    return f"; including the {info['sft_seconds']:.0f} s scratchpad warm-up"
+
+
 def markdown_table(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The results table (one per setting) and what reproduces it."""
     lines = [
         f"Measured {meta['date']} on {meta['machine']}, torch threads 1, "
         f"{meta['steps']} steps, seeds {' '.join(map(str, meta['seeds']))}; "
-        f"benchmark wall time {meta['wall_s'] / 60:.1f} min. Reproduce with "
+        f"benchmark wall time {meta['wall_s'] / 60:.1f} min (1-minute load average up to "
+        f"{meta['load_avg_max']:.1f} on the shared machine{_warmup_note(meta)}). Reproduce with "
         f"`{meta['command']}`; every run is in `docs/results/rhythm_credit.json`.",
         "",
     ]
@@ -446,6 +517,25 @@ def markdown_table(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_opt(row['gamma_mean'], '.3f')} |"
             )
         lines.append("")
+    carry = meta.get("carry_credit")
+    if carry:
+        lines += [
+            f"Scratchpad, the deciding token (the tens column's carry digit, position "
+            f"{carry['carry_position_mean']:.0f} of ~{carry['response_len_mean']:.0f}) in "
+            f"{carry['responses']} right and slipped workings of carrying test problems, read by "
+            f"the warmed-up model:",
+            "",
+            "| credit | carry digit amplified | its mean gamma |",
+            "|---|---|---|",
+            *(
+                f"| {c} | {_pct(carry[c]['carry_amplified'])}% | {carry[c]['carry_gamma_mean']:.3f} |"
+                for c in ("local", "global", "coupled")
+            ),
+            "",
+            f"Median FAI of the selected anchors: {carry['anchor_fai_median']:.1e}; "
+            f"{_pct(carry['anchor_fai_below_1e-4'])}% of them have FAI < 1e-4.",
+            "",
+        ]
     probes = meta.get("attention_probe", {})
     if probes:
         lines += [
@@ -502,13 +592,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="Scratchpad warm-up steps.")
     parser.add_argument(
-        "--workdir", type=Path, default=REPO / "runs" / "bench-rhythm",
+        "--sft-steps", type=int, default=SFT_STEPS, help="Scratchpad warm-up steps."
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=REPO / "runs" / "bench-rhythm",
         help="Run folders, scratchpad data and the warmed-up model (reused between invocations).",
     )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="Smoke test: 2 steps, seed 0, a 20-step warm-up, results under --workdir only.",
     )
     parser.add_argument("--no-docs", action="store_true", help="Write nothing under docs/.")
@@ -552,14 +647,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # hits every method of a seed alike instead of one method's three runs.
         for seed in args.seeds:
             for method in args.methods:
-                record = run_one(setting, method, seed, args.steps, overrides[setting], args.workdir)
+                record = run_one(
+                    setting, method, seed, args.steps, overrides[setting], args.workdir
+                )
                 runs.append(record)
                 print(
                     f"[{len(runs)}/{total}] {setting:<10} {LABELS[method]:<15} seed {seed}: "
                     f"pass@1 {record.pass_before:.3f} -> {record.pass_after:.3f}, "
                     f"step {record.step_s:.3f} s, attention {record.attention_s:.3f} s "
                     f"({_pct(record.attention_share)}%), gamma {_opt(record.gamma_mean, '.3f')}, "
-                    f"run {record.wall_s:.0f} s",
+                    f"run {record.wall_s:.0f} s, load {record.load_avg:.1f}",
                     flush=True,
                 )
 
@@ -571,6 +668,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model, "47+38=", length, settings[setting]["batch"], repeats=1 if args.quick else 3
         )
 
+    carry = None
+    if "scratchpad" in settings:
+        carry = carry_credit(settings["scratchpad"]["model"], problems=10 if args.quick else 60)
+
     summary = summarise(runs)
     command = "python benchmarks/rhythm_credit.py" + (" " + " ".join(argv) if argv else "")
     meta = {
@@ -581,13 +682,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": command,
         "settings": settings,
         "attention_probe": probes,
+        "carry_credit": carry,
+        "load_avg_max": max(r.load_avg for r in runs),
     }
     pictures = [] if args.no_docs else draw_examples(settings.get("scratchpad", {}).get("model"))
     meta["wall_s"] = time.perf_counter() - began
     meta["pictures"] = pictures
     table = markdown_table(summary, meta)
     report = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
-    out_json = args.workdir / "rhythm_credit.json" if args.no_docs else RESULTS / "rhythm_credit.json"
+    out_json = (
+        args.workdir / "rhythm_credit.json" if args.no_docs else RESULTS / "rhythm_credit.json"
+    )
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if not args.no_docs:
