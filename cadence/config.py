@@ -96,6 +96,10 @@ class RuntimeConfig(Section):
     rollout_workers: int = Field(1, gt=0, description="Rollout workers (engine replicas), ray only.")
     rollout_cpus: float = Field(1.0, gt=0, description="CPUs per rollout worker (its torch threads), ray only.")
     rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker, ray only.")
+    critic_actor: bool = Field(
+        False, description="ray only: run the critics (algorithm.name=ppo/asyppo) in their own Ray actor."
+    )
+    critic_cpus: float = Field(1.0, gt=0, description="CPUs of the critic actor, ray only.")
 
 
 class LoggingConfig(Section):
@@ -170,6 +174,10 @@ class RunConfig(Section):
             raise ValueError(
                 f"trainer.micro_batch_size={self.trainer.micro_batch_size} does not divide the "
                 f"mini-batch of {batch // mini} sequences; pick a divisor of {batch // mini}"
+            )
+        if self.runtime.critic_actor and (self.runtime.kind != "ray" or not self.algorithm.uses_critics):
+            raise ValueError(
+                "runtime.critic_actor=true needs runtime.kind=ray and algorithm.name=ppo or asyppo"
             )
         if self.runtime.kind == "inline" and self.runtime.rollout_workers > 1:
             raise ValueError(

@@ -104,3 +104,19 @@ def test_filtered_run_keeps_full_batches(tmp_path):
     assert all(r["progress/samples_total"] == 16 * r["step"] for r in rs)
     assert all(r["reward/std"] > 0 for r in rs)  # every trained group carried signal
     assert rs[-1]["rollout/filtered_groups_total"] > 0  # the built-in model solves many prompts outright
+
+
+@pytest.mark.slow
+def test_asyppo_critics_in_their_own_ray_actor(tmp_path):
+    ray = pytest.importorskip("ray")
+    cfg = load_config(
+        None,
+        [*QUICK, "trainer.steps=2", "runtime.kind=ray", "runtime.critic_actor=true", "runtime.critic_cpus=0.5",
+         "runtime.rollout_cpus=0.5", "algorithm.name=asyppo", f"logging.run_dir={tmp_path}"],
+    )
+    try:
+        rs = records(train(cfg).run_dir)
+    finally:
+        ray.shutdown()
+    assert [r["step"] for r in rs] == [1, 2]
+    assert "critic/value_loss_1" in rs[-1] and "asyppo/adv_masked_fraction" in rs[-1]

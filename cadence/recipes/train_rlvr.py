@@ -23,7 +23,7 @@ from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.threads import configure_threads
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from cadence.train.credit import AttentionCredit
-from cadence.train.critics import CriticEnsemble
+from cadence.train.critics import CriticEnsemble, RemoteCritics
 from cadence.train.trainer import PolicyTrainer
 
 
@@ -60,11 +60,13 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     state = _resume_state(run_dir) if resume else None
     if state is not None:
         policy.load_state_dict(state["weights"])
-    critics = (
-        CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
-        if cfg.algorithm.uses_critics
-        else None
-    )
+    critics = None
+    if cfg.runtime.critic_actor:
+        critics = RemoteCritics(
+            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus
+        )
+    elif cfg.algorithm.uses_critics:
+        critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
     credit = (
         AttentionCredit(policy, cfg.algorithm.rhythm, tokenizer.pad_token_id)
         if cfg.algorithm.credit != "none"

@@ -47,6 +47,10 @@ class CriticEnsemble:
         self.optimizers = [torch.optim.AdamW(c.parameters(), lr=cfg.critic_lr) for c in self.critics]
         self.generator = torch.Generator().manual_seed(seed)
 
+    @property
+    def num_critics(self) -> int:
+        return len(self.critics)
+
     def num_parameters(self) -> int:
         return sum(c.num_parameters() for c in self.critics)
 
@@ -105,3 +109,53 @@ class CriticEnsemble:
         for o, s in zip(self.optimizers, state["optimizers"], strict=True):
             o.load_state_dict(s)
         self.generator.set_state(state["generator"])
+
+
+class RemoteCritics:
+    """The same ensemble in its own Ray actor (`runtime.critic_actor=true`).
+
+    The trainer talks to it exactly as to a local `CriticEnsemble`; batches and
+    returns travel through Ray's object store, and the critics' forward and
+    backward passes run on the actor's own CPUs (or GPU).
+    """
+
+    def __init__(self, cfg: CriticConfig, policy_path: str, seed: int, micro_batch_size: int, cpus: float) -> None:
+        import ray
+
+        from cadence.models.loading import load_policy
+
+        def make() -> CriticEnsemble:  # built inside the actor process, where it lives
+            torch.set_num_threads(max(1, int(cpus)))
+            return CriticEnsemble(cfg, load_policy(policy_path), policy_path, seed, micro_batch_size)
+
+        self._ray = ray
+        self._actor = ray.remote(_CriticHost).options(num_cpus=cpus).remote(make)
+        self.num_critics = cfg.num_critics
+
+    def _call(self, method: str, *args):
+        return self._ray.get(self._actor.call.remote(method, *args))
+
+    def values(self, batch: TrainBatch) -> Tensor:
+        return self._call("values", batch)
+
+    def update(self, batch: TrainBatch, returns: Tensor, old_values: Tensor) -> dict[str, float]:
+        return self._call("update", batch, returns, old_values)
+
+    def num_parameters(self) -> int:
+        return self._call("num_parameters")
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        self._call("load_state_dict", state)
+
+
+class _CriticHost:
+    """Ray actor body: builds the ensemble in the actor process and forwards calls to it."""
+
+    def __init__(self, make) -> None:
+        self.ensemble = make()
+
+    def call(self, method: str, *args):
+        return getattr(self.ensemble, method)(*args)

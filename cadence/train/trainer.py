@@ -144,7 +144,7 @@ class PolicyTrainer:
             metrics.update(self.critics.update(batch, out.returns, all_values))
             metrics["critic/disagreement"] = float((sigma * batch.mask).sum() / batch.mask.sum().clamp(min=1))
             crit = self.algo.critic
-            if len(self.critics.critics) > 1 and (crit.adv_mask_low > 0 or crit.entropy_mask_high > 0):
+            if self.critics.num_critics > 1 and (crit.adv_mask_low > 0 or crit.entropy_mask_high > 0):
                 adv_mask, entropy_mask = uncertainty_masks(
                     sigma, batch.mask, crit.adv_mask_low, crit.entropy_mask_high, crit.quantile_scope
                 )
