@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from cadence.inference.sampling import sample, token_logprobs
-from cadence.inference.types import FinishReason, GenRequest, GenResult
+from cadence.inference.types import FinishReason, GenRequest, GenResult, run_to_completion
 
 
 @dataclass
@@ -145,19 +145,9 @@ class EmbeddedEngine:
         Requests already in flight keep running; their results are held for
         the next `step()` call rather than lost.
         """
-        for req in reqs:
-            self.add_request(req)
-        wanted = {req.request_id for req in reqs}
-        results: dict[str, GenResult] = {}
-        others: list[GenResult] = []
-        while len(results) < len(wanted):
-            for res in self.step():
-                if res.request_id in wanted:
-                    results[res.request_id] = res
-                else:
-                    others.append(res)
+        results, others = run_to_completion(self, reqs)
         self._held += others
-        return [results[req.request_id] for req in reqs]
+        return results
 
     def abort(self, request_id: str) -> GenResult | None:
         """Stop a request now and return what it generated, or None if it is unknown."""

@@ -127,3 +127,23 @@ class InferenceEngine(Protocol):
     def stats(self) -> dict:
         """Counters: tokens generated, decode steps, busy seconds, ..."""
         ...
+
+
+def run_to_completion(engine: InferenceEngine, reqs: list[GenRequest]) -> tuple[list[GenResult], list[GenResult]]:
+    """Add `reqs`, step `engine` until all of them finish.
+
+    Returns their results in request order, and the results of *other* requests
+    that finished meanwhile, which the engine should hand out on its next `step`.
+    """
+    for req in reqs:
+        engine.add_request(req)
+    wanted = {req.request_id for req in reqs}
+    results: dict[str, GenResult] = {}
+    others: list[GenResult] = []
+    while len(results) < len(wanted):
+        for res in engine.step():
+            if res.request_id in wanted:
+                results[res.request_id] = res
+            else:
+                others.append(res)
+    return [results[req.request_id] for req in reqs], others

@@ -57,7 +57,13 @@ from typing import TYPE_CHECKING, Any
 from safetensors.torch import save_file
 from torch import Tensor
 
-from cadence.inference.types import FinishReason, GenRequest, GenResult, SamplingParams
+from cadence.inference.types import (
+    FinishReason,
+    GenRequest,
+    GenResult,
+    SamplingParams,
+    run_to_completion,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -215,19 +221,9 @@ class VLLMEngine:
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         """Run until all `reqs` finish; results in request order (others are held for `step`)."""
-        for req in reqs:
-            self.add_request(req)
-        wanted = {req.request_id for req in reqs}
-        results: dict[str, GenResult] = {}
-        others: list[GenResult] = []
-        while len(results) < len(wanted):
-            for res in self.step():
-                if res.request_id in wanted:
-                    results[res.request_id] = res
-                else:
-                    others.append(res)
+        results, others = run_to_completion(self, reqs)
         self._held += others
-        return [results[req.request_id] for req in reqs]
+        return results
 
     def abort(self, request_id: str) -> GenResult | None:
         """Stop a request now; what it generated so far, or None if it is unknown."""
