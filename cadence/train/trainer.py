@@ -78,6 +78,8 @@ class PolicyTrainer:
             reference = frozen_copy(policy)
         self.reference = reference if algo_cfg.kl.coef > 0 else None
         self.critics = critics
+        # Weights, gradients and AdamW's two moments: 16 bytes per fp32 parameter.
+        self._critic_params = critics.num_parameters() if critics is not None else 0
         self.credit = credit
         self.optimizer = torch.optim.AdamW(
             [p for p in policy.parameters() if p.requires_grad],
@@ -142,6 +144,8 @@ class PolicyTrainer:
         advantages, entropy_mask = out.advantages, None
         if self.critics is not None:
             metrics.update(self.critics.update(batch, out.returns, all_values))
+            metrics["critic/parameters"] = float(self._critic_params)
+            metrics["critic/train_state_mib"] = self._critic_params * 16 / 2**20
             metrics["critic/disagreement"] = float((sigma * batch.mask).sum() / batch.mask.sum().clamp(min=1))
             crit = self.algo.critic
             if self.critics.num_critics > 1 and (crit.adv_mask_low > 0 or crit.entropy_mask_high > 0):
