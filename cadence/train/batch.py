@@ -7,7 +7,7 @@ of a response.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -31,6 +31,17 @@ class TrainBatch:
 
     def select(self, rows: Tensor | slice) -> TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def trimmed(self) -> TrainBatch:
+        """The same rows without trailing columns that are padding in every row."""
+        width = int(self.attention_mask.sum(1).max())
+        return replace(
+            self,
+            input_ids=self.input_ids[:, :width],
+            attention_mask=self.attention_mask[:, :width],
+            mask=self.mask[:, : width - 1],
+            behaviour_logprobs=self.behaviour_logprobs[:, : width - 1],
+        )
 
 
 def flatten(groups: list[Group]) -> list[Sample]:

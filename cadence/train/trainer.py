@@ -202,24 +202,27 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         micro = self.cfg.micro_batch_size
         for i in range(0, len(mini), micro):
-            part = mini.select(slice(i, i + micro))
+            # Cut the columns that are padding in every row of this micro-batch: with
+            # long-tailed lengths most micro-batches are far shorter than the batch's longest.
+            part = mini.select(slice(i, i + micro)).trimmed()
             sel = rows[i : i + micro]
+            width = part.mask.shape[1]
             logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
             # The entropy only carries gradient when it is part of the objective.
             entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
             if entropy_mask is not None:
                 # AsyPPO: high-disagreement tokens leave the entropy bonus, gradient included.
-                entropy = entropy * entropy_mask[i : i + micro]
+                entropy = entropy * entropy_mask[i : i + micro, :width]
             out = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs=logprobs,
-                    old_logprobs=old_all[sel] if old_all is not None else logprobs.detach(),
+                    old_logprobs=old_all[sel, :width] if old_all is not None else logprobs.detach(),
                     behaviour_logprobs=part.behaviour_logprobs,
-                    advantages=advantages[i : i + micro],
+                    advantages=advantages[i : i + micro, :width],
                     mask=part.mask,
                     sequence_rewards=part.rewards,
-                    ref_logprobs=ref_all[sel] if ref_all is not None and self.algo.kl.mode == "loss" else None,
+                    ref_logprobs=ref_all[sel, :width] if ref_all is not None and self.algo.kl.mode == "loss" else None,
                     entropy=entropy,
                 ),
                 self.algo,
