@@ -59,9 +59,25 @@ class RolloutConfig(Section):
         None, ge=0, description="Dynamic filtering: drop groups whose reward std is <= this "
         "(0 drops all-equal groups); None keeps every group."
     )
+    filter_mean_low: float | None = Field(
+        None, description="Dynamic filtering: drop groups whose mean reward is <= this (e.g. 0: all wrong)."
+    )
+    filter_mean_high: float | None = Field(
+        None, description="Dynamic filtering: drop groups whose mean reward is >= this (e.g. 1: all right)."
+    )
     extra_prompts: int = Field(
         0, ge=0, description="With filtering: groups kept in flight beyond the batch, so filtered "
         "ones are replaced without stalling the trainer."
+    )
+    interrupt_on_update: bool = Field(
+        True, description="On new weights, in-flight requests continue under them keeping their tokens and "
+        "version tag (interruptible generation); false: they finish on the old weights first, and no "
+        "new request starts until the swap."
+    )
+    replicate_prompts: bool = Field(
+        True, description="Prompt replication: a prompt's group_size answers are one-answer requests "
+        "spread over all rollout workers (and free engine slots). false: a group is one unit on one "
+        "worker, admitted only when the engine has group_size free slots (like n>1 sampling)."
     )
     simulate_lengths: LengthSimulation | None = Field(
         None, description="Benchmark mode only: forced long-tailed response lengths (see LengthSimulation)."
@@ -74,7 +90,13 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
-    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
+    micro_batch_size: int = Field(64, gt=0, description="Most sequences per forward/backward.")
+    micro_batch_tokens: int | None = Field(
+        2048,
+        gt=0,
+        description="Token budget per forward/backward (rows x longest row); rows are grouped by "
+        "length so long-tailed batches pad little. Raise it on a GPU; null: micro_batch_size rows each.",
+    )
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (PPO-style).")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
@@ -183,7 +205,20 @@ class RunConfig(Section):
             raise ValueError(
                 "runtime.rollout_workers > 1 needs runtime.kind=ray (inline runs one worker)"
             )
-        if self.rollout.prompts_per_step < self.runtime.rollout_workers:
+        workers, ro = self.runtime.rollout_workers, self.rollout
+        filtering = ro.filter_min_std is not None or ro.filter_mean_low is not None or ro.filter_mean_high is not None
+        if workers > 1 and ro.replicate_prompts and ro.group_size < workers:
+            raise ValueError(
+                f"rollout.replicate_prompts spreads a prompt's {ro.group_size} answers over "
+                f"runtime.rollout_workers={workers}, leaving some with none; raise rollout.group_size "
+                "or set rollout.replicate_prompts=false"
+            )
+        if workers > 1 and ro.replicate_prompts and filtering:
+            raise ValueError(
+                "dynamic filtering judges whole groups, but rollout.replicate_prompts splits each group "
+                "over the rollout workers; set rollout.replicate_prompts=false (or runtime.rollout_workers=1)"
+            )
+        if not ro.replicate_prompts and self.rollout.prompts_per_step < self.runtime.rollout_workers:
             raise ValueError(
                 f"rollout.prompts_per_step={self.rollout.prompts_per_step} is smaller than "
                 f"runtime.rollout_workers={self.runtime.rollout_workers}: every worker needs a prompt per step"

@@ -10,7 +10,7 @@ from cadence.algo.config import AlgorithmConfig
 from cadence.config import TrainerConfig
 from cadence.models.tiny import tiny_model
 from cadence.rollout.sample import Group, Sample
-from cadence.train.batch import collate, flatten
+from cadence.train.batch import collate, flatten, micro_batches
 from cadence.train.logprobs import batched_logprobs
 from cadence.train.trainer import PolicyTrainer
 
@@ -53,16 +53,26 @@ def test_grpo_step_moves_probability_towards_rewarded_responses():
     assert metrics["train/grad_norm"] > 0
 
 
+def test_micro_batches_follow_length_and_token_budget():
+    lengths = torch.tensor([3, 40, 5, 9, 41, 2, 7])
+    parts = micro_batches(lengths, max_rows=3, max_tokens=60)
+    assert sorted(torch.cat(parts).tolist()) == list(range(7))  # every row exactly once
+    assert [p.tolist() for p in parts] == [[4], [1], [3, 6, 2], [0, 5]]  # longest first, similar together
+    assert all(len(p) * int(lengths[p].max()) <= 60 or len(p) == 1 for p in parts)
+    assert [len(p) for p in micro_batches(lengths, max_rows=3)] == [3, 3, 1]  # no budget: rows only
+
+
 def test_micro_batches_accumulate_to_the_full_batch_gradient():
     base = tiny_model(hidden_size=32, layers=1, heads=2)
     grads = []
-    for micro in (4, 1):
+    for micro, tokens in ((4, None), (1, None), (4, 7)):
         model = copy.deepcopy(base)
-        trainer = trainer_for(model, micro_batch_size=micro, lr=1e-9)
+        trainer = trainer_for(model, micro_batch_size=micro, micro_batch_tokens=tokens, lr=1e-9)
         trainer.optimizer.step = lambda: None  # keep weights; inspect the accumulated gradient
         trainer.step(make_groups())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    for g in grads[1:]:
+        assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
 
 
 def test_stale_samples_get_recomputed_old_logprobs():

@@ -135,6 +135,10 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
                 "response/length_mean": float(lengths.mean()),
                 "response/length_max": float(lengths.max()),
                 "response/truncated_fraction": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                # Responses whose tokens came from more than one policy version (interruptible generation).
+                "response/interrupted_fraction": sum(
+                    s.finish_version is not None and s.finish_version != s.version for s in samples
+                ) / len(samples),
                 "time/step": step_seconds,
                 "time/trainer_idle": waited,
                 "time/weight_sync": sync_seconds,

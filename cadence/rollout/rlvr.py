@@ -1,9 +1,14 @@
 """RLVR rollout: prompts in, scored response groups out (queue scheduling).
 
-Every response is its own engine request (prompt replication: a prompt that
-needs n answers becomes n one-answer requests), the engine's continuous batch
-takes new requests as soon as slots free up, and each response is scored the
-moment it finishes. A group goes to the buffer when its last response is in.
+Every response is its own engine request and each is scored the moment it
+finishes; the engine's continuous batch takes new requests as soon as slots
+free up. A group goes to the buffer when its last response is in.
+
+Prompt replication (`replicate=True`, the default): a prompt that needs n
+answers becomes n one-answer requests, each taking any free engine slot (and,
+with several rollout workers, `answers` of them are this worker's share).
+`replicate=False` keeps a prompt one unit, as n>1 sampling does: its n
+requests enter the engine together, only once n slots are free.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ class RLVRRollout:
         group_id_step: int = 1,
         length_sampler: Callable[[], int] | None = None,
         filter_min_std: float | None = None,
+        filter_mean: tuple[float | None, float | None] = (None, None),
+        answers: int | None = None,
+        replicate: bool = True,
+        slots: int | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -57,6 +66,12 @@ class RLVRRollout:
         self.group_id_step = group_id_step
         self.length_sampler = length_sampler
         self.filter_min_std = filter_min_std
+        self.filter_mean = filter_mean
+        self.answers = group_size if answers is None else answers  # answers per prompt from this engine
+        self.replicate = replicate
+        self.slots = slots  # engine slots; needed when groups are admitted whole
+        self._unsubmitted: list[tuple[Group, list[int]]] = []  # whole groups waiting for free slots
+        self._in_engine = 0  # requests submitted and not finished yet
         self._encoded: dict[str, list[int]] = {}
         self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
 
@@ -68,25 +83,42 @@ class RLVRRollout:
         return ids
 
     def admit(self, num_groups: int) -> None:
-        """Queue `num_groups` new prompts, each as `group_size` one-answer requests."""
+        """Queue `num_groups` new prompts, `answers` one-answer requests each."""
         for _ in range(num_groups):
             prompt = self.prompts.next()
             group = Group(group_id=self._next_group_id, prompt_id=prompt.id)
             self.pending[group.group_id] = (prompt, group)
             self._next_group_id += self.group_id_step
-            ids = self.encode(prompt)
-            for j in range(self.group_size):
+            self._unsubmitted.append((group, self.encode(prompt)))
+        self._submit()
+
+    def _submit(self) -> None:
+        while self._unsubmitted:
+            group, ids = self._unsubmitted[0]
+            if not self.replicate and self.slots is not None and self._in_engine + self.answers > self.slots:
+                if self._in_engine:  # a group larger than the engine still goes when it is empty
+                    return
+            self._unsubmitted.pop(0)
+            for j in range(self.answers):
                 self.engine.add_request(
                     GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
                 )
+            self._in_engine += self.answers
+
+    def has_work(self) -> bool:
+        return bool(self._unsubmitted) or self.engine.has_unfinished()
 
     def keeps(self, group: Group) -> bool:
-        """Dynamic filtering: a group whose rewards barely differ teaches a group-relative
-        estimator nothing (all advantages ~0), so it is dropped and a new prompt takes its place."""
-        if self.filter_min_std is None:
-            return True
+        """Dynamic filtering: a group whose rewards barely differ (std at most `filter_min_std`),
+        or whose mean is at a bound (all wrong / all right), teaches a group-relative estimator
+        nothing (all advantages ~0), so it is dropped and a new prompt takes its place."""
         rewards = group.rewards
         mean = sum(rewards) / len(rewards)
+        low, high = self.filter_mean
+        if (low is not None and mean <= low) or (high is not None and mean >= high):
+            return False
+        if self.filter_min_std is None:
+            return True
         std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
         return std > self.filter_min_std
 
@@ -101,7 +133,9 @@ class RLVRRollout:
         finished = self.engine.step()
         before = len(self.pending)
         if finished:
+            self._in_engine -= len(finished)
             self._score_into(finished, self.pending, buffer, stats)
+            self._submit()
         return before - len(self.pending)
 
     def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
@@ -135,6 +169,7 @@ class RLVRRollout:
                     version=r.version,
                     finish_reason=r.finish_reason,
                     response_text=r.text,
+                    finish_version=r.finish_version,
                     reward_error=outcome.error,
                 )
             )
@@ -142,7 +177,7 @@ class RLVRRollout:
             stats.response_tokens += len(r.token_ids)
             stats.reward_errors += outcome.error is not None
             stats.finish_reasons[r.finish_reason] = stats.finish_reasons.get(r.finish_reason, 0) + 1
-            if len(group.samples) == self.group_size:
+            if len(group.samples) == self.answers:
                 del pending[group.group_id]
                 if self.keeps(group):
                     buffer.put(group)

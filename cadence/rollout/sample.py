@@ -18,6 +18,7 @@ class Sample:
     version: int  # policy version that started generating this response
     finish_reason: str
     response_text: str = ""
+    finish_version: int | None = None  # policy version that wrote its last token (None: unknown)
     reward_error: str | None = None
 
 

@@ -54,9 +54,15 @@ class RolloutWorker:
         self.threads = configure_threads(threads)
         self.cfg = cfg
         self.index = index
-        self.quota = worker_quotas(cfg.rollout.prompts_per_step, workers)[index]
-        self.alpha = cfg.rollout.async_ratio
-        self.extra = cfg.rollout.extra_prompts if cfg.rollout.filter_min_std is not None else 0
+        ro = cfg.rollout
+        # Prompt replication over workers: every worker takes every prompt and generates its
+        # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
+        self.spread = ro.replicate_prompts and workers > 1
+        self.quota = ro.prompts_per_step if self.spread else worker_quotas(ro.prompts_per_step, workers)[index]
+        self.answers = len(range(index, ro.group_size, workers)) if self.spread else ro.group_size
+        self.alpha = ro.async_ratio
+        filtering = ro.filter_min_std is not None or ro.filter_mean_low is not None or ro.filter_mean_high is not None
+        self.extra = ro.extra_prompts if filtering else 0
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.engine = build_engine(cfg.rollout.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
         self.task = build_task(cfg.task)
@@ -73,13 +79,17 @@ class RolloutWorker:
         )
         # Exactly the prompts this run will use (this worker's stride of them), so the
         # stream's cursor pins down the data order across restarts.
-        needed = cfg.trainer.steps * cfg.rollout.prompts_per_step
-        prompts = self.task.prompts("train", needed, cfg.seed)[index::workers] or self.task.prompts("train", 1, cfg.seed)
-        self.stream = PromptStream(prompts, cfg.seed + index)
+        needed = cfg.trainer.steps * ro.prompts_per_step
+        prompts = self.task.prompts("train", needed, cfg.seed)
+        if not self.spread:
+            prompts = prompts[index::workers] or prompts[:1]
+        self.stream = PromptStream(prompts, cfg.seed if self.spread else cfg.seed + index)
         self.rollout = RLVRRollout(
-            self.engine, self.tokenizer, self.stream, self.reward, self.params, cfg.rollout.group_size,
-            first_group_id=index, group_id_step=workers, length_sampler=self._length_sampler(cfg, index),
-            filter_min_std=cfg.rollout.filter_min_std,
+            self.engine, self.tokenizer, self.stream, self.reward, self.params, ro.group_size,
+            first_group_id=0 if self.spread else index, group_id_step=1 if self.spread else workers,
+            length_sampler=self._length_sampler(cfg, index),
+            filter_min_std=ro.filter_min_std, filter_mean=(ro.filter_mean_low, ro.filter_mean_high),
+            answers=self.answers, replicate=ro.replicate_prompts, slots=ro.engine.max_batch_size,
         )
         self.buffer = SampleBuffer(self.alpha)
         self.version = 0
@@ -87,7 +97,10 @@ class RolloutWorker:
         self.handed_out = 0  # groups given to the trainer: their prompts count as consumed
         self.cursor_base = 0
         self.stats = RolloutStats()
-        self._lock = threading.Lock()
+        self.interrupt = ro.interrupt_on_update
+        self._lock = threading.Lock()  # the engine: one user at a time
+        self._slot_lock = threading.Lock()  # only guards _new_weights; held for nanoseconds
+        self._new_weights: tuple[dict[str, torch.Tensor], int] | None = None  # waiting for a swap
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: str | None = None
@@ -116,17 +129,35 @@ class RolloutWorker:
         try:
             while not self._stop.is_set():
                 with self._lock:
+                    self._swap_weights()
                     room = self._allowed_groups() - self.started_groups
-                    if room > 0:
+                    if room > 0 and self._new_weights is None:
                         self.rollout.admit(room)
                         self.started_groups += room
-                    busy = self.engine.has_unfinished()
+                    busy = self.rollout.has_work()
                     if busy:
                         self.rollout.poll(self.buffer, self.stats)
                 if not busy:
                     time.sleep(0.002)  # waiting for new weights: nothing may start yet
         except Exception:  # surfaced to the trainer on its next call, not lost in a thread
             self._error = traceback.format_exc()
+
+    def _swap_weights(self, force: bool = False) -> None:
+        """Load queued weights between two engine steps (caller holds the lock).
+
+        Interruptible (default): at once; requests in flight continue under the new
+        weights with their tokens, log-probs and original version tag. Otherwise the
+        engine first finishes what it holds on the old weights, admitting nothing new.
+        """
+        if not (force or self.interrupt) and self.rollout.has_work():
+            return
+        with self._slot_lock:
+            new, self._new_weights = self._new_weights, None
+        if new is None:
+            return
+        state_dict, version = new
+        self.engine.update_weights(state_dict, version)
+        self.version = version
 
     def _check(self) -> None:
         if self._error:
@@ -147,10 +178,15 @@ class RolloutWorker:
                     raise
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Swap weights between two engine steps; in-flight requests keep their tags."""
-        with self._lock:
-            self.engine.update_weights(state_dict, version)
-            self.version = version
+        """Queue new weights and return at once: the generation loop swaps them in between
+        two engine steps, so the trainer never queues behind the engine (a lock the loop
+        takes back-to-back would starve it). Not generating (before `start`, after `stop`):
+        swapped in now. The tensors must not change afterwards (WorkerGroup sends copies)."""
+        with self._slot_lock:
+            self._new_weights = (state_dict, version)
+        if self._thread is None:
+            with self._lock:
+                self._swap_weights(force=True)
 
     def evaluate(self, samples: int = 1) -> EvalResult:
         test = self.task.prompts("test", self.cfg.task.test_size, self.cfg.seed)

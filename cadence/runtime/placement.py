@@ -27,6 +27,7 @@ class WorkerGroup:
         self.cfg = cfg
         self.kind = cfg.runtime.kind
         n = cfg.runtime.rollout_workers
+        self.spread = cfg.rollout.replicate_prompts and n > 1
         if self.kind == "inline":
             self.workers: list[Any] = [RolloutWorker(cfg, 0, 1, threads=cfg.runtime.threads)]
             return
@@ -58,14 +59,19 @@ class WorkerGroup:
         self._call("start")
 
     def get_batch(self, trainer_version: int) -> list[Group]:
-        return [g for part in self._call("get_batch", trainer_version) for g in part]
+        parts = self._call("get_batch", trainer_version)
+        return join_parts(parts) if self.spread else [g for part in parts for g in part]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
+        # Workers swap weights in later, between engine steps, so they get a snapshot the
+        # optimizer cannot touch: the object store's copy (ray) or a clone (inline).
         if self.kind == "ray":
             import ray
 
-            state_dict = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
-        self._call("update_weights", state_dict, version)
+            snapshot = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        else:
+            snapshot = {k: v.detach().clone() for k, v in state_dict.items()}
+        self._call("update_weights", snapshot, version)
 
     def evaluate(self, samples: int) -> EvalResult:
         return self._call_first("evaluate", samples)
@@ -114,6 +120,17 @@ class WorkerGroup:
 
             for w in self.workers:
                 ray.kill(w)
+
+
+def join_parts(parts: list[list[Group]]) -> list[Group]:
+    """Prompt replication over workers: each worker answered every prompt in part; join the
+    parts of a group (same group id) into one group, in order of first appearance."""
+    joined: dict[int, Group] = {}
+    for part in parts:
+        for g in part:
+            whole = joined.setdefault(g.group_id, Group(group_id=g.group_id, prompt_id=g.prompt_id))
+            whole.samples.extend(g.samples)
+    return list(joined.values())
 
 
 def trainer_threads(cfg: RunConfig) -> int:

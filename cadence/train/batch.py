@@ -44,6 +44,25 @@ class TrainBatch:
         )
 
 
+def micro_batches(lengths: Tensor, max_rows: int, max_tokens: int | None = None) -> list[Tensor]:
+    """Split rows into micro-batches of similar length: index tensors into `lengths`.
+
+    Rows are taken longest first; a micro-batch closes when it holds `max_rows`
+    rows or when one more row would make rows x longest exceed `max_tokens`
+    (a long row still goes alone). Every micro-batch is then padded only to its
+    own longest row, so a long-tailed batch pays for its long responses once.
+    """
+    order = lengths.argsort(descending=True, stable=True)
+    parts: list[Tensor] = []
+    lo = 0
+    while lo < len(order):
+        width = int(lengths[order[lo]])  # the longest row of this micro-batch
+        rows = max_rows if max_tokens is None else max(1, min(max_rows, max_tokens // max(width, 1)))
+        parts.append(order[lo : lo + rows])
+        lo += rows
+    return parts
+
+
 def flatten(groups: list[Group]) -> list[Sample]:
     return [s for g in groups for s in g.samples]
 

@@ -11,6 +11,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from cadence.train.batch import micro_batches
+
 
 def forward_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Logits [B, L-1, V] predicting tokens 1..L-1 (right-padded inputs)."""
@@ -34,11 +36,21 @@ def token_entropy(logits: Tensor, temperature: float) -> Tensor:
 
 @torch.no_grad()
 def batched_logprobs(
-    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, temperature: float, micro: int
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float,
+    micro: int,
+    max_tokens: int | None = None,
 ) -> Tensor:
-    """No-grad log-probs over a whole batch, `micro` rows at a time."""
-    parts = []
-    for i in range(0, input_ids.shape[0], micro):
-        logits = forward_logits(model, input_ids[i : i + micro], attention_mask[i : i + micro])
-        parts.append(token_logprobs(logits, input_ids[i : i + micro], temperature))
-    return torch.cat(parts)
+    """No-grad log-probs over a whole batch in length-sorted micro-batches (see `micro_batches`).
+
+    Each micro-batch is cut to its longest row; padding positions come back as 0.
+    """
+    lengths = attention_mask.sum(1)
+    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+    for rows in micro_batches(lengths, micro, max_tokens):
+        width = int(lengths[rows].max())
+        logits = forward_logits(model, input_ids[rows, :width], attention_mask[rows, :width])
+        out[rows, : width - 1] = token_logprobs(logits, input_ids[rows, :width], temperature)
+    return out

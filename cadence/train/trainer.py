@@ -28,7 +28,7 @@ from cadence.algo.rhythm import shape_advantages
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
-from cadence.train.batch import TrainBatch, collate, flatten
+from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
 from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
@@ -175,7 +175,8 @@ class PolicyTrainer:
             return None
         self.policy.eval()  # dropout off: pi_old must be a deterministic function of the weights
         old = batched_logprobs(
-            self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size
+            self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
+            self.cfg.micro_batch_tokens,
         )
         self.policy.train()
         return old
@@ -184,7 +185,8 @@ class PolicyTrainer:
         if self.reference is None:
             return None
         return batched_logprobs(
-            self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size
+            self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
+            self.cfg.micro_batch_tokens,
         )
 
     def _update(
@@ -200,12 +202,11 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         tokens, seqs = batch_denominators(mini.mask)
         sums: dict[str, float] = {}
-        micro = self.cfg.micro_batch_size
-        for i in range(0, len(mini), micro):
-            # Cut the columns that are padding in every row of this micro-batch: with
-            # long-tailed lengths most micro-batches are far shorter than the batch's longest.
-            part = mini.select(slice(i, i + micro)).trimmed()
-            sel = rows[i : i + micro]
+        # Similar lengths share a micro-batch (less padding); the loss is a sum over
+        # micro-batches with mini-batch denominators, so the grouping cannot change it.
+        for idx in micro_batches(mini.attention_mask.sum(1), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+            part = mini.select(idx).trimmed()
+            sel = rows[idx]
             width = part.mask.shape[1]
             logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
@@ -213,13 +214,13 @@ class PolicyTrainer:
             entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
             if entropy_mask is not None:
                 # AsyPPO: high-disagreement tokens leave the entropy bonus, gradient included.
-                entropy = entropy * entropy_mask[i : i + micro, :width]
+                entropy = entropy * entropy_mask[idx, :width]
             out = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs=logprobs,
                     old_logprobs=old_all[sel, :width] if old_all is not None else logprobs.detach(),
                     behaviour_logprobs=part.behaviour_logprobs,
-                    advantages=advantages[i : i + micro, :width],
+                    advantages=advantages[idx, :width],
                     mask=part.mask,
                     sequence_rewards=part.rewards,
                     ref_logprobs=ref_all[sel, :width] if ref_all is not None and self.algo.kl.mode == "loss" else None,

@@ -1,0 +1,141 @@
+"""Rollout scheduling: prompt replication, whole-group admission, mean filters, weight swaps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from cadence.config import ConfigError, load_config
+from cadence.data.tasks import Prompt
+from cadence.inference.mock import MockEngine
+from cadence.inference.types import SamplingParams
+from cadence.models.loading import load_tokenizer
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.rlvr import RLVRRollout, RolloutStats
+from cadence.rollout.sample import Group, Sample
+from cadence.rollout.worker import RolloutWorker
+from cadence.runtime.placement import join_parts
+
+
+@dataclass
+class _Outcome:
+    reward: float
+    error: str | None = None
+
+
+class _ConstantReward:
+    def score(self, pairs):
+        return [_Outcome(1.0) for _ in pairs]
+
+
+def _rollout(replicate: bool, slots: int = 8, group_size: int = 4, answers: int | None = None) -> RLVRRollout:
+    engine = MockEngine(max_batch_size=slots, seed=0, median_tokens=6, sigma=1.0, max_tokens=40, virtual_clock=True)
+    prompts = PromptStream([Prompt(id=f"p{i}", text=f"{i}+1=", answer=str(i + 1)) for i in range(20)], seed=0)
+    params = SamplingParams(max_new_tokens=40)
+    return RLVRRollout(
+        engine, load_tokenizer("builtin"), prompts, _ConstantReward(), params, group_size,
+        answers=answers, replicate=replicate, slots=slots,
+    )
+
+
+def _drain(rollout: RLVRRollout) -> tuple[SampleBuffer, list[int]]:
+    """Run to completion, recording how many requests the engine holds at each step."""
+    buffer, stats, held = SampleBuffer(0), RolloutStats(), []
+    while rollout.pending:
+        held.append(rollout.engine.load())
+        rollout.poll(buffer, stats)
+    return buffer, held
+
+
+def test_replicated_answers_queue_in_the_engine_and_fill_any_free_slot():
+    rollout = _rollout(replicate=True)
+    rollout.admit(5)  # 20 one-answer requests for 8 slots
+    buffer, held = _drain(rollout)
+    assert len(buffer) == 5 and all(len(g.samples) == 4 for g in buffer.get_batch(5, 0))
+    assert max(held) == 20  # all queued in the engine: answers take single slots as they free up
+
+
+def test_whole_groups_enter_only_when_all_their_slots_are_free():
+    rollout = _rollout(replicate=False)
+    rollout.admit(5)
+    assert rollout._in_engine == 8 and len(rollout._unsubmitted) == 3  # two groups fit in 8 slots
+    buffer, held = _drain(rollout)
+    assert max(held) <= 8  # the engine never holds more than its slots: a group waits for 4 free ones
+    groups = buffer.get_batch(5, 0)
+    assert sorted(g.group_id for g in groups) == [0, 1, 2, 3, 4]
+    assert all(len(g.samples) == 4 for g in groups)
+
+
+def test_a_worker_generates_only_its_share_of_each_group():
+    rollout = _rollout(replicate=True, answers=2)
+    rollout.admit(3)
+    buffer, _ = _drain(rollout)
+    assert [len(g.samples) for g in buffer.get_batch(3, 0)] == [2, 2, 2]
+
+
+def _part(group_id: int, rewards: list[float]) -> Group:
+    g = Group(group_id=group_id, prompt_id=f"p{group_id}")
+    g.samples = [Sample(f"p{group_id}", group_id, [1], [2], [-0.1], r, 0, "stop") for r in rewards]
+    return g
+
+
+def test_join_parts_rebuilds_whole_groups_from_worker_shares():
+    joined = join_parts([[_part(0, [1, 0]), _part(1, [0, 0])], [_part(0, [1, 1]), _part(1, [1, 0])]])
+    assert [g.group_id for g in joined] == [0, 1]
+    assert [g.rewards for g in joined] == [[1, 0, 1, 1], [0, 0, 1, 0]]
+
+
+def test_mean_filters_drop_all_wrong_and_all_right_groups():
+    rollout = RLVRRollout(None, None, None, None, None, group_size=4, filter_mean=(0.0, 1.0))
+    assert not rollout.keeps(_part(0, [0, 0, 0, 0]))
+    assert not rollout.keeps(_part(0, [1, 1, 1, 1]))
+    assert rollout.keeps(_part(0, [1, 0, 0, 0]))
+    only_high = RLVRRollout(None, None, None, None, None, group_size=4, filter_mean=(None, 0.75))
+    assert only_high.keeps(_part(0, [0, 0, 0, 0])) and not only_high.keeps(_part(0, [1, 1, 1, 0]))
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["runtime.rollout_workers=4", "rollout.group_size=2"], "rollout.replicate_prompts"),
+        (["runtime.rollout_workers=2", "rollout.filter_min_std=0"], "rollout.replicate_prompts=false"),
+    ],
+)
+def test_replication_config_errors_name_the_fix(overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(None, ["runtime.kind=ray", *overrides])
+
+
+def _worker(interrupt: bool) -> RolloutWorker:
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.async_ratio=1",
+            "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=30",
+            "rollout.engine.mock.virtual_clock=false", "rollout.engine.mock.step_latency_s=0.002",
+            "rollout.max_new_tokens=64", f"rollout.interrupt_on_update={str(interrupt).lower()}",
+            "trainer.steps=4", "task.test_size=4",
+        ],
+    )
+    return RolloutWorker(cfg)
+
+
+@pytest.mark.parametrize("interrupt", [True, False])
+def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
+    worker = _worker(interrupt)
+    worker.start()
+    try:
+        samples = []
+        for version in range(3):
+            samples += [s for g in worker.get_batch(version) for s in g.samples]
+            worker.update_weights({}, version + 1)  # returns at once; swapped between engine steps
+    finally:
+        worker.close()
+    spanned = [s for s in samples if s.finish_version != s.version]
+    if interrupt:
+        assert spanned  # long responses in flight continued under the next version
+    else:
+        assert not spanned  # every response finished on the weights that started it
+    assert {s.version for s in samples} >= {0, 1}
