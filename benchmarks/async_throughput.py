@@ -9,13 +9,23 @@ machine's 2 cores for every variant, run one after another in this process:
   sync (inline)   one process, both cores, alpha = 0
   sync (ray)      rollout worker on one core, trainer on the other, alpha = 0
   async alpha=k   the same split, rollout up to k policy versions ahead
+  async alpha=2, batch-wise generation / no prompt replication
+                  the same, with one rollout technique switched off
 
 Response lengths are forced to a log-normal long tail (median 24 tokens,
 sigma 1.0, so the longest of a batch is ~10-15x the median) with
 `rollout.simulate_lengths`, a benchmark mode of the real embedded engine.
-A second table times generating one batch with static batching (a new wave
-only when the whole last wave is done) against queue scheduling (freed slots
-take new requests at once).
+A second table times generating one training batch (16 prompts x 8 answers,
+32 engine slots) through the rollout path three ways: batch-wise (a new wave
+only when the whole last wave is done, a prompt's answers admitted
+together), queue scheduling (freed slots take new work at once) and queue
+scheduling with prompt replication (each answer its own request). It does so
+on the embedded engine (CPU: a step costs more with more rows) and on the
+mock engine with a GPU-like decode cost (a step costs about the same
+whatever the rows), the regime ROLL Flash measured.
+
+The run also prints beta*, the training share ROLL Flash's bound suggests
+from the synchronous run's measured times (cadence/runtime/split.py).
 
 Results go to docs/results/async_throughput.json and the table in
 docs/async.md between its markers.
@@ -36,10 +46,17 @@ from pathlib import Path
 import torch
 
 from cadence.config import load_config
+from cadence.data.tasks import build_task
 from cadence.inference.embedded import EmbeddedEngine
-from cadence.inference.types import GenRequest, SamplingParams
+from cadence.inference.mock import MockEngine
+from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.recipes.train_rlvr import train
+from cadence.rewards.guard import RewardOutcome
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.rlvr import RLVRRollout
+from cadence.runtime.split import beta_star, measured_split
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "async.md"
@@ -60,13 +77,17 @@ COMMON = [
     "logging.tensorboard=false",
     "checkpoint.every=0",
 ]
+RAY = ["runtime.kind=ray", "runtime.threads=1"]
 VARIANTS = {
     "sync (inline, 2 threads)": ["runtime.kind=inline", "runtime.threads=2", "rollout.async_ratio=0"],
-    "sync (ray, 1+1 cores)": ["runtime.kind=ray", "runtime.threads=1", "rollout.async_ratio=0"],
-    "async alpha=1": ["runtime.kind=ray", "runtime.threads=1", "rollout.async_ratio=1"],
-    "async alpha=2": ["runtime.kind=ray", "runtime.threads=1", "rollout.async_ratio=2"],
-    "async alpha=4": ["runtime.kind=ray", "runtime.threads=1", "rollout.async_ratio=4"],
+    "sync (ray, 1+1 cores)": [*RAY, "rollout.async_ratio=0"],
+    "async alpha=1": [*RAY, "rollout.async_ratio=1"],
+    "async alpha=2": [*RAY, "rollout.async_ratio=2"],
+    "async alpha=4": [*RAY, "rollout.async_ratio=4"],
+    "async alpha=2, batch-wise generation": [*RAY, "rollout.async_ratio=2", "rollout.engine.static_batching=true"],
+    "async alpha=2, no prompt replication": [*RAY, "rollout.async_ratio=2", "rollout.replicate_prompts=false"],
 }
+SYNC = ("sync (inline, 2 threads)", "sync (ray, 1+1 cores)")
 
 
 def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
@@ -82,59 +103,108 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
         ray.shutdown()
     timed = rs[warmup:]
     seconds = sum(r["time/step"] for r in timed)
-    samples = 128 * len(timed)
-    tokens = sum(r["response/length_mean"] * 128 for r in timed)
+    samples = sum(r["progress/samples_total"] for r in timed[-1:]) - rs[warmup - 1]["progress/samples_total"]
+    tokens = sum(r["response/length_mean"] * cfg.batch_size for r in timed)
+    split = measured_split(rs[warmup - 1 :], cfg.batch_size, 1, cfg.rollout.async_ratio)
     return {
         "variant": name,
         "steps_timed": len(timed),
         "samples_per_s": samples / seconds,
         "tokens_per_s": tokens / seconds,
         "step_seconds": seconds / len(timed),
+        "train_seconds": statistics.mean(r["train/seconds"] for r in timed),
         "engine_busy_fraction": timed[-1].get("rollout/engine_busy_fraction", float("nan")),
         "trainer_idle_s": statistics.mean(r["time/trainer_idle"] for r in timed),
         "staleness_max": max(r["train/staleness_max"] for r in timed),
+        "interrupted_fraction": statistics.mean(r["response/interrupted_fraction"] for r in timed),
+        "beta_star": split.beta if split else None,
+        "mu_gen_s": split.mu_gen if split else None,
+        "l_gen_s": split.l_gen if split else None,
+        "mu_train_s": split.mu_train if split else None,
         "wall_s": wall,
     }
 
 
-def batch_generation(static: bool, requests: int = 128, max_batch: int = 32, seed: int = 0) -> dict:
-    """Time one batch of long-tailed requests through the embedded engine."""
+GENERATION_MODES = {
+    "batch-wise (waves, a prompt's answers together)": {"static_batching": True, "replicate": False},
+    "queue scheduling (freed slots refilled)": {"static_batching": False, "replicate": False},
+    "queue scheduling + prompt replication": {"static_batching": False, "replicate": True},
+}
+
+
+def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, slots: int = 32, seed: int = 0) -> float:
+    """Seconds to generate one training batch (16 prompts x 8 long-tailed answers) via RLVRRollout."""
     torch.set_num_threads(1)  # one engine, one core: the rollout worker's share
+    cfg = load_config(None, [*COMMON, *LONG_TAIL])
     tok = load_tokenizer("builtin")
-    engine = EmbeddedEngine(load_policy("builtin").eval(), tok, max_batch_size=max_batch, static_batching=static)
+    if engine_kind == "embedded":
+        engine = EmbeddedEngine(load_policy("builtin").eval(), tok, max_batch_size=slots, static_batching=static_batching)
+    else:  # GPU-like decode: a step costs 20 ms plus 0.05 ms per running row (memory-bound)
+        engine = MockEngine(max_batch_size=slots, seed=seed, median_tokens=10**6, max_tokens=None,
+                            step_latency_s=0.02, per_token_latency_s=5e-5, virtual_clock=True,
+                            static_batching=static_batching)
+    task = build_task(cfg.task)
     rng = random.Random(seed)
-    lengths = [max(1, min(400, round(rng.lognormvariate(math.log(24), 1.0)))) for _ in range(requests)]
-    prompt = tok("12+34=").input_ids
-    reqs = [
-        GenRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True))
-        for i, n in enumerate(lengths)
-    ]
-    began = time.perf_counter()
-    engine.generate(reqs)
-    seconds = time.perf_counter() - began
-    return {"static_batching": static, "seconds": seconds, "tokens": sum(lengths), "longest": max(lengths),
-            "median": statistics.median(lengths)}
+    sim = cfg.rollout.simulate_lengths
+    rollout = RLVRRollout(
+        engine, tok, PromptStream(task.prompts("train", 64, seed), seed), _NoReward(),
+        SamplingParams(max_new_tokens=sim.max_tokens, temperature=1.0), cfg.rollout.group_size,
+        length_sampler=lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma)))),
+        replicate=replicate, slots=slots,
+    )
+    began = engine.clock() if engine_kind == "mock" else time.perf_counter()
+    rollout.produce(cfg.rollout.prompts_per_step, SampleBuffer(0))
+    return (engine.clock() if engine_kind == "mock" else time.perf_counter()) - began
+
+
+class _NoReward:
+    """Scoring is not what this table times."""
+
+    def score(self, pairs: list) -> list:
+        return [RewardOutcome(0.0) for _ in pairs]
+
+
+def generation_table() -> list[dict]:
+    rows = []
+    for engine_kind in ("embedded", "mock"):
+        for mode, opts in GENERATION_MODES.items():
+            seconds = statistics.median(batch_generation(engine_kind, seed=s, **opts) for s in range(3))
+            rows.append({"engine": engine_kind, "mode": mode, "seconds": seconds})
+    return rows
 
 
 def write_doc(rows: list[dict], gen: list[dict]) -> None:
     base = rows[0]["samples_per_s"]
+    best_sync = max(r["samples_per_s"] for r in rows if r["variant"] in SYNC)
     lines = [
-        "| variant | samples/s | tokens/s | x sync (inline) | step s | engine busy | trainer idle s/step | max staleness |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | samples/s | tokens/s | x sync (inline) | x best sync | step s | train s | engine busy "
+        "| trainer idle s/step | max staleness | responses spanning a weight update |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['samples_per_s'] / base:.2f}x | "
-            f"{r['step_seconds']:.2f} | {r['engine_busy_fraction']:.0%} | {r['trainer_idle_s']:.2f} | {r['staleness_max']:.0f} |"
+            f"{r['samples_per_s'] / best_sync:.2f}x | {r['step_seconds']:.2f} | {r['train_seconds']:.2f} | "
+            f"{r['engine_busy_fraction']:.0%} | {r['trainer_idle_s']:.2f} | {r['staleness_max']:.0f} | "
+            f"{r['interrupted_fraction']:.0%} |"
         )
-    static, queue = (next(g for g in gen if g["static_batching"] is s) for s in (True, False))
-    lines += [
-        "",
-        "| one batch of 128 long-tailed requests, 32 slots | seconds | x static |",
-        "|---|---|---|",
-        f"| static batching (batch-wise waves) | {static['seconds']:.2f} | 1.00x |",
-        f"| queue scheduling (freed slots refilled) | {queue['seconds']:.2f} | {static['seconds'] / queue['seconds']:.2f}x |",
-    ]
+    lines += ["", "| one batch, 16 prompts x 8 long-tailed answers, 32 slots | engine | seconds | x batch-wise |",
+              "|---|---|---|---|"]
+    for engine_kind in ("embedded", "mock"):
+        part = [g for g in gen if g["engine"] == engine_kind]
+        label = "embedded (CPU, 1 thread)" if engine_kind == "embedded" else "mock, GPU-like step cost (simulated s)"
+        for g in part:
+            lines.append(f"| {g['mode']} | {label} | {g['seconds']:.2f} | {part[0]['seconds'] / g['seconds']:.2f}x |")
+    sync_ray = next(r for r in rows if r["variant"] == "sync (ray, 1+1 cores)")
+    if sync_ray["beta_star"] is not None:
+        lines += [
+            "",
+            f"beta* from the synchronous (ray) run: mu_gen {1e3 * sync_ray['mu_gen_s']:.1f} ms, "
+            f"L_gen {sync_ray['l_gen_s']:.2f} s, mu_train {1e3 * sync_ray['mu_train_s']:.1f} ms per sample, "
+            f"N = 128, K = 1, alpha = 2: **beta* = "
+            f"{beta_star(128, 1, sync_ray['mu_gen_s'], sync_ray['l_gen_s'], sync_ray['mu_train_s'], 2):.2f}** "
+            "of the resources to training.",
+        ]
     table = "\n".join(lines)
     text = DOC.read_text() if DOC.exists() else "<!-- async-table-start -->\n<!-- async-table-end -->\n"
     text = re.sub(
@@ -148,22 +218,26 @@ def write_doc(rows: list[dict], gen: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
     args = ap.parse_args()
-    steps, warmup = (4, 1) if args.quick else (args.steps, args.warmup)
+    steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
     rows = []
     for name, overrides in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         row = run_variant(name, overrides, steps, warmup)
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
         rows.append(row)
-    gen = [batch_generation(static) for static in (True, False)]
+    gen = generation_table()
     print(json.dumps(gen))
+    if args.quick or args.only:
+        return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"throughput": rows, "batch_generation": gen}, indent=2))
-    if not args.quick:
-        write_doc(rows, gen)
+    write_doc(rows, gen)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,10 @@ def build_engine(
     if cfg.backend == "mock":
         from cadence.inference.mock import MockEngine
 
-        return MockEngine(max_batch_size=cfg.max_batch_size, seed=cfg.seed, **cfg.mock.model_dump())
+        return MockEngine(
+            max_batch_size=cfg.max_batch_size, seed=cfg.seed, static_batching=cfg.static_batching,
+            **cfg.mock.model_dump(),
+        )
     if cfg.backend == "vllm":
         from cadence.inference.vllm_engine import VLLMEngine
 

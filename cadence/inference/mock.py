@@ -71,6 +71,7 @@ class MockEngine:
         vocab_size: int = 32000,
         eos_id: int = 0,
         answer_fn: Callable[[GenRequest], str] | None = None,
+        static_batching: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -83,6 +84,7 @@ class MockEngine:
         if not 0 <= eos_id < vocab_size:
             raise ValueError(f"eos_id {eos_id} is not below vocab_size {vocab_size}")
         self.max_batch_size = max_batch_size
+        self.static_batching = static_batching
         self.length_dist = length_dist
         self.median_tokens = median_tokens
         self.sigma = sigma
@@ -146,7 +148,9 @@ class MockEngine:
         if not self.has_unfinished():
             return done
         prompt_tokens = 0
-        while self._waiting and len(self._running) < self.max_batch_size:
+        # Static batching (the batch-wise baseline): a new wave only once the last one is done.
+        admit = not (self.static_batching and self._running)
+        while admit and self._waiting and len(self._running) < self.max_batch_size:
             seq = self._waiting.popleft()
             if seq.req.version is None:
                 seq.version = self.version

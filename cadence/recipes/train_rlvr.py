@@ -20,7 +20,8 @@ from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.report import plot_curves, print_summary
 from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
-from cadence.runtime.threads import configure_threads
+from cadence.runtime.split import measured_split
+from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble, RemoteCritics
@@ -176,7 +177,10 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     records = read_jsonl(run_dir / "metrics.jsonl")
     if records:
         plot_curves(records, run_dir / "reward_curve.png")
-    _print_summary(cfg, run_dir, seconds, counters, eval_before, eval_after, threads, rollout_metrics)
+    split = measured_split(
+        records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
+    )
+    _print_summary(cfg, run_dir, seconds, counters, eval_before, eval_after, threads, rollout_metrics, split)
     return RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
 
 
@@ -192,7 +196,7 @@ def _resume_state(run_dir: Path) -> dict | None:
     return state
 
 
-def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, rollout) -> None:
+def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, rollout, split) -> None:
     rows = [
         ("run dir", str(run_dir)),
         ("steps", str(cfg.trainer.steps)),
@@ -208,5 +212,15 @@ def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, roll
         rows.append(("held-out pass@1 after", f"{after.pass_at_1:.3f}"))
     if before is not None and after is not None:
         rows.append(("change", f"{100 * (after.pass_at_1 - before.pass_at_1):+.1f} points"))
+    if split is not None:
+        rollout_cores, train_cores = split.cores(cpu_share())
+        rows.append(
+            (
+                "suggested training share beta*",
+                f"{split.beta:.2f} (mu_gen {1e3 * split.mu_gen:.1f} ms, L_gen {split.l_gen:.2f} s, "
+                f"mu_train {1e3 * split.mu_train:.1f} ms per sample; here: {rollout_cores} rollout + "
+                f"{train_cores} training cores)",
+            )
+        )
     rows.append(("reward curve", str(run_dir / "reward_curve.png")))
     print_summary(rows)

@@ -199,6 +199,8 @@ class RolloutWorker:
         return {
             **self.buffer.stats(),
             "rollout/engine_busy_fraction": engine.get("busy_s", 0.0) / max(wall, 1e-9),
+            "rollout/engine_busy_s": engine.get("busy_s", 0.0),
+            "rollout/engine_steps": float(engine.get("decode_steps", engine.get("engine_steps", 0))),
             "rollout/reward_errors_total": float(self.stats.reward_errors),
             "rollout/samples_total": float(self.stats.samples),
             "rollout/in_flight_groups": float(len(self.rollout.pending)),

@@ -176,3 +176,18 @@ def test_config_builds_a_mock_engine():
         EngineConfig(backend="mock", mock={"unknown": 1})
     with pytest.raises(ValueError):
         build_engine(EngineConfig())  # embedded needs a model
+
+
+def test_static_batching_waits_for_the_whole_wave():
+    engine = MockEngine(max_batch_size=2, length_dist="fixed", median_tokens=3, virtual_clock=True, static_batching=True)
+    lengths = [1, 3, 1]
+    for i, n in enumerate(lengths):
+        engine.add_request(GenRequest(f"r{i}", [1], SamplingParams(max_new_tokens=n)))
+    finished_at = {}
+    step = 0
+    while engine.has_unfinished():
+        step += 1
+        for r in engine.step():
+            finished_at[r.request_id] = step
+    # r2 may only start once r0 and r1 (the first wave) are both done at step 3.
+    assert finished_at == {"r0": 1, "r1": 3, "r2": 4}
