@@ -39,8 +39,10 @@ def measure(workers: int, seconds: float) -> dict:
             "runtime.kind=ray",
             f"runtime.rollout_workers={workers}",
             f"runtime.rollout_cpus={2 / max(workers, 2)}",
+            # 32 requests per worker per step (two waves of its 16 slots) whatever the worker
+            # count; with prompt replication (the default) every worker answers every prompt.
             f"rollout.prompts_per_step={4 * workers}",
-            "rollout.group_size=4",
+            "rollout.group_size=8",
             "rollout.async_ratio=2",
             "rollout.engine.backend=mock",
             "rollout.engine.max_batch_size=16",
