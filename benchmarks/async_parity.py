@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from cadence.config import load_config
+from cadence.observe.report import write_doc_table
 from cadence.recipes.train_rlvr import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,16 +94,7 @@ def write_doc(summary: list[dict], steps: int, seeds: list[int]) -> None:
             f"{s['staleness_mean']:.2f} | {s['train_seconds']:.0f} |"
         )
     table = "\n".join(lines)
-    text = DOC.read_text()
-    if "<!-- parity-table-start -->" not in text:
-        text += "\n<!-- parity-table-start -->\n<!-- parity-table-end -->\n"
-    text = re.sub(
-        r"<!-- parity-table-start -->.*<!-- parity-table-end -->",
-        f"<!-- parity-table-start -->\n{table}\n<!-- parity-table-end -->",
-        text,
-        flags=re.S,
-    )
-    DOC.write_text(text)
+    write_doc_table(DOC, "parity", table)
 
 
 def main() -> None:

@@ -37,7 +37,6 @@ import argparse
 import json
 import math
 import random
-import re
 import statistics
 import tempfile
 import time
@@ -51,6 +50,7 @@ from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
+from cadence.observe.report import write_doc_table
 from cadence.recipes.train_rlvr import train
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.buffer import SampleBuffer
@@ -206,14 +206,7 @@ def write_doc(rows: list[dict], gen: list[dict]) -> None:
             "of the resources to training.",
         ]
     table = "\n".join(lines)
-    text = DOC.read_text() if DOC.exists() else "<!-- async-table-start -->\n<!-- async-table-end -->\n"
-    text = re.sub(
-        r"<!-- async-table-start -->.*<!-- async-table-end -->",
-        f"<!-- async-table-start -->\n{table}\n<!-- async-table-end -->",
-        text,
-        flags=re.S,
-    )
-    DOC.write_text(text)
+    write_doc_table(DOC, "async", table)
 
 
 def main() -> None:

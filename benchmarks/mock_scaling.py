@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
 from cadence.config import load_config
 from cadence.models.loading import load_policy
+from cadence.observe.report import write_doc_table
 from cadence.runtime.placement import WorkerGroup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,12 +79,7 @@ def write_doc(rows: list[dict]) -> None:
     lines = ["| rollout workers | samples/s | x 1 worker |", "|---|---|---|"]
     lines += [f"| {r['workers']} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / one:.2f}x |" for r in rows]
     table = "\n".join(lines)
-    text = DOC.read_text()
-    marker = ("<!-- scaling-table-start -->", "<!-- scaling-table-end -->")
-    if marker[0] not in text:
-        text += f"\n## Scaling rollout workers (mock engine)\n\n`python benchmarks/mock_scaling.py`\n\n{marker[0]}\n{marker[1]}\n"
-    text = re.sub(f"{marker[0]}.*{marker[1]}", f"{marker[0]}\n{table}\n{marker[1]}", text, flags=re.S)
-    DOC.write_text(text)
+    write_doc_table(DOC, "scaling", table)
 
 
 def main() -> None:

@@ -50,3 +50,19 @@ def summary_table(rows: list[tuple[str, str]], title: str = "run summary") -> Ta
 
 def print_summary(rows: list[tuple[str, str]], title: str = "run summary") -> None:
     Console().print(summary_table(rows, title))
+
+
+def write_doc_table(doc: Path, name: str, table: str) -> None:
+    """Put `table` between `<!-- {name}-table-start -->` and `-end -->` in a markdown file.
+
+    Benchmarks write their tables into the docs this way: a rerun replaces the
+    old table and leaves the prose around it alone. Missing markers (or file)
+    are appended at the end.
+    """
+    start, end = f"<!-- {name}-table-start -->", f"<!-- {name}-table-end -->"
+    text = doc.read_text() if doc.exists() else ""
+    if start not in text or end not in text:
+        text += f"\n{start}\n{end}\n"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}\n{table}\n{end}{tail}")
