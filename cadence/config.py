@@ -102,8 +102,9 @@ class TrainerConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR decay after warm-up.")
     recompute_old_logprobs: Literal["auto", "always"] = Field(
-        "auto", description="Recompute pi_old with a no-grad pass; 'auto' skips it when pi_old "
-        "provably equals pi_theta (fresh samples, one update per batch)."
+        "auto", description="Recompute pi_old with a no-grad pass; 'auto' only when a batch gets "
+        "several updates (epochs or mini_batches > 1): with one update pi_old is the updating policy "
+        "itself, stale samples included (their behaviour log-probs come from the engine)."
     )
 
 

@@ -11,7 +11,7 @@ from cadence.config import TrainerConfig
 from cadence.models.tiny import tiny_model
 from cadence.rollout.sample import Group, Sample
 from cadence.train.batch import collate, flatten, micro_batches
-from cadence.train.logprobs import batched_logprobs
+from cadence.train.logprobs import batched_logprobs, forward_logits, token_logprobs
 from cadence.train.trainer import PolicyTrainer
 
 
@@ -29,6 +29,11 @@ def make_groups(version: int = 0) -> list[Group]:
 def trainer_for(model, **overrides) -> PolicyTrainer:
     cfg = TrainerConfig(**{"lr": 1e-2, "micro_batch_size": 4, **overrides})
     return PolicyTrainer(model, cfg, AlgorithmConfig(), temperature=1.0, pad_id=0)
+
+
+def response_token_logprobs(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return token_logprobs(forward_logits(model, batch.input_ids, batch.attention_mask), batch.input_ids, 1.0)
 
 
 def response_logprob(model, groups) -> torch.Tensor:
@@ -75,15 +80,37 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient():
         assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
 
 
-def test_stale_samples_get_recomputed_old_logprobs():
-    """With stale samples pi_old is recomputed, so the ratio is not identically 1."""
+def test_stale_samples_get_an_off_policy_weight_not_identically_one():
+    """Stale samples: pi_old (the policy of this update) differs from the engine's mu, so the
+    off-policy ratio pi_old / mu the losses correct with is not identically 1."""
     model = tiny_model(hidden_size=32, layers=1, heads=2)
-    trainer = trainer_for(model)
+    trainer = trainer_for(model, recompute_old_logprobs="always")
     trainer.step(make_groups(version=0))  # version 0 -> 1, weights change
-    batch = collate(flatten(make_groups(version=0)), pad_id=0)
-    assert trainer._needs_old_logprobs(batch)
-    old = trainer._old_logprobs(batch)
-    mu = torch.full_like(old, -1.0)
-    assert old is not None and not torch.allclose(old * batch.mask, mu * batch.mask)
-    fresh = collate(flatten(make_groups(version=1)), pad_id=0)
-    assert not trainer._needs_old_logprobs(fresh)
+    stale = collate(flatten(make_groups(version=0)), pad_id=0)
+    old = trainer._old_logprobs(stale)
+    mu = stale.behaviour_logprobs
+    ratio = torch.exp(old - mu)[stale.mask.bool()]
+    assert not torch.allclose(ratio, torch.ones_like(ratio))
+    # The decoupled loss reports that weight: its mean is not 1 either.
+    decoupled = PolicyTrainer(model, TrainerConfig(lr=1e-9, micro_batch_size=4),
+                              AlgorithmConfig(loss="decoupled_ppo"), temperature=1.0, pad_id=0)
+    decoupled.version = 1
+    metrics = decoupled.step(make_groups(version=0))
+    assert metrics["train/staleness_max"] == 1
+    assert abs(metrics["train/behaviour_weight_mean"] - 1.0) > 1e-3
+
+
+def test_old_logprobs_pass_only_for_repeated_updates():
+    """One update per batch: pi_old is pi_theta at that update, the extra pass would repeat it."""
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    stale = collate(flatten(make_groups(version=0)), pad_id=0)
+    trainer = trainer_for(model)
+    trainer.version = 3
+    assert not trainer._needs_old_logprobs(stale)
+    assert trainer_for(model, epochs=2)._needs_old_logprobs(stale)
+    assert trainer_for(model, mini_batches=2, micro_batch_size=2)._needs_old_logprobs(stale)
+    # ... and the recomputed pi_old equals the update's own detached log-probs.
+    old = trainer_for(model, recompute_old_logprobs="always")._old_logprobs(stale)
+    model.train()
+    lp = response_token_logprobs(model, stale)
+    assert torch.allclose(old * stale.mask, lp * stale.mask, atol=1e-6)

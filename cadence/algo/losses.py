@@ -249,8 +249,10 @@ def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss
     weights), while w corrects for the samples having come from the stale
     behaviour policy mu. Cap (decoupled_behaviour_cap = C):
     "truncate" uses min(w, C); "mask" drops tokens with w > C (AReaL's choice).
-    pi_old must be recomputed by the trainer: if old_logprobs were a copy of
-    the current logprobs, r would be 1 everywhere and the clip would be dead.
+    pi_old must stay the step's starting weights across its updates: if
+    old_logprobs were re-copied from the current logprobs at every update, r
+    would be 1 everywhere and the clip would be dead (one update per batch is
+    the exception: there pi_old is the updating policy).
     """
     behaviour = inp.behaviour_logprobs if inp.behaviour_logprobs is not None else inp.old_logprobs
     weight = torch.exp(inp.old_logprobs - behaviour).detach()

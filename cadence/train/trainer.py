@@ -163,11 +163,13 @@ class PolicyTrainer:
         return advantages, entropy_mask, metrics
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
+        """pi_old is the policy at the start of this step. With one update per batch that is
+        the policy of the update itself, so the training forward's detached log-probs are pi_old
+        exactly, stale samples included (their off-policy weight pi_old / mu uses the engine's
+        mu); only repeated updates need pi_old frozen by a separate pass."""
         if self.cfg.recompute_old_logprobs == "always":
             return True
-        repeated = self.cfg.epochs > 1 or self.cfg.mini_batches > 1
-        stale = bool((batch.versions < self.version).any())
-        return repeated or stale
+        return self.cfg.epochs > 1 or self.cfg.mini_batches > 1
 
     def _old_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """pi_old for the ratio; None means "pi_theta itself, detached"."""
