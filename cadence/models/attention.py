@@ -4,7 +4,8 @@ Attention-rhythm credit (SPEC section 3, `cadence.algo.rhythm`) needs the
 softmax attention maps of a few middle layers over prompt + response. Fused
 kernels (SDPA, flash) never materialise them, so we keep a separate eval copy
 of the policy with `attn_implementation="eager"`, sync its weights from the
-trainer like the inference engine's, and run it once per generated sample.
+trainer like the inference engine's, and run it once over each batch of
+generated samples (`token_credit_padded`).
 
 Memory stays bounded for long sequences:
 - `output_attentions=True` in transformers 5 records the maps of *every* layer
@@ -28,12 +29,14 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from cadence.algo.rhythm import (
+    RhythmBatch,
     RhythmConfig,
     class_maps,
     classify_heads,
     credit_selection,
     fai,
     head_spans,
+    rhythm_credit_batch,
     select_layers,
     waad,
 )
@@ -185,43 +188,144 @@ class ActorAttention:
         prompts: list[torch.Tensor],
         responses: list[torch.Tensor],
         cfg: RhythmConfig,
-        micro_batch: int = 8,
+        micro_batch: int | None = None,
         pad_id: int = 0,
+        with_info: bool = True,
     ) -> list[tuple[torch.Tensor, dict]]:
-        """`token_credit` for many samples, `micro_batch` sequences per forward.
+        """`token_credit` for many samples, batched (see `token_credit_padded`).
 
-        Sequences are right-padded: causal rows never attend to later pad
-        tokens, so each sample's maps equal its unpadded maps and no attention
-        mask is needed. Peak memory: micro_batch x layers x H x rows x N floats.
+        `micro_batch` sequences per forward (None: `cfg.micro_batch`). Returns
+        (gamma, info) per sample, info as `token_credit`'s; with_info=False
+        leaves info empty ({}), which saves building ten tensors per sample.
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        results: list[tuple[torch.Tensor, dict]] = []
-        for lo in range(0, len(prompts), micro_batch):
-            chunk = [
-                (p.flatten(), r.flatten())
-                for p, r in zip(
-                    prompts[lo : lo + micro_batch], responses[lo : lo + micro_batch], strict=True
-                )
-            ]
-            seqs = [torch.cat([p, r]) for p, r in chunk]
-            n_max = max(s.numel() for s in seqs)
-            q0 = min(p.numel() for p, _ in chunk)
-            ids = torch.full((len(seqs), n_max), pad_id, dtype=torch.long)
-            for row, s in enumerate(seqs):
-                ids[row, : s.numel()] = s
-            maps = self.maps(ids, query_start=q0)  # [b, layers, H, n_max - q0, n_max]
-            for row, (p, s) in enumerate(zip(chunk, seqs, strict=True)):
-                n, start = s.numel(), p[0].numel()
-                sample = maps[row, :, :, start - q0 : n - q0, :n]
-                results.append(_credit_from_maps(sample, start, cfg, self))
-        return results
+        if not prompts:
+            return []
+        seqs = [
+            torch.cat([p.flatten(), r.flatten()]) for p, r in zip(prompts, responses, strict=True)
+        ]
+        lengths = torch.tensor([s.numel() for s in seqs])
+        starts = torch.tensor([p.numel() for p in prompts])
+        ids = torch.full((len(seqs), int(lengths.max())), pad_id, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            ids[row, : seq.numel()] = seq
+        gammas, infos = self.token_credit_padded(
+            ids, starts, lengths, cfg, micro_batch=micro_batch, pad_id=pad_id, with_info=with_info
+        )
+        return list(zip(gammas, infos if with_info else [{} for _ in gammas], strict=True))
+
+    def token_credit_padded(
+        self,
+        input_ids: torch.Tensor,
+        response_start: torch.Tensor,
+        lengths: torch.Tensor,
+        cfg: RhythmConfig,
+        micro_batch: int | None = None,
+        pad_id: int = 0,
+        with_info: bool = False,
+    ) -> tuple[list[torch.Tensor], list[dict]]:
+        """Gammas [R_b] of every row of a right-padded batch, and their info dicts if asked.
+
+        Row b holds `lengths[b]` real tokens, its response from position
+        `response_start[b]` on (a `TrainBatch` has these as attention_mask.sum(1)
+        and response_start + 1). Per micro-batch of `micro_batch` rows (None:
+        `cfg.micro_batch`) one forward and one `rhythm_credit_batch`, no loop over
+        samples. Right padding needs no attention mask: causal rows never see the
+        pads after them, so each row's maps are its unpadded maps. Peak memory:
+        micro_batch x layers x H x (n - min response start) x n floats for the
+        longest row n of a micro-batch.
+
+        Two savings that leave every result unchanged:
+        - identical rows (same tokens and response start) are read once. GRPO
+          samples several answers per prompt, and short answers often coincide;
+          identical inputs give identical maps and gammas.
+        - rows are grouped by length, so a micro-batch pads only to its own longest.
+
+        The returned gammas (and info tensors) may be views of shared tensors;
+        duplicate rows may share one. infos is [] unless with_info (then one dict
+        per row, as `token_credit` gives).
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, L], got {tuple(input_ids.shape)}")
+        b = input_ids.shape[0]
+        if b == 0:
+            return [], []
+        micro_batch = micro_batch or cfg.micro_batch
+        starts = torch.as_tensor(response_start).long().flatten().cpu()
+        lengths = torch.as_tensor(lengths).long().flatten().cpu()
+        if starts.numel() != b or lengths.numel() != b:
+            raise ValueError(f"{starts.numel()} starts and {lengths.numel()} lengths for {b} rows")
+        width = int(lengths.max())
+        if bool((lengths < 1).any() | (starts < 0).any() | (starts > lengths).any()) or (
+            width > input_ids.shape[1]
+        ):
+            raise ValueError(
+                f"need 0 <= response_start <= length <= {input_ids.shape[1]} and length >= 1 "
+                f"(got response_start {starts.tolist()}, lengths {lengths.tolist()})"
+            )
+
+        # Tokens past a row's length are padding whatever their value: blank them so
+        # that they neither split duplicates nor reach the forward.
+        ids = input_ids[:, :width].cpu().long()
+        ids = ids.masked_fill(torch.arange(width) >= lengths[:, None], pad_id)
+        key = torch.cat([ids, starts[:, None], lengths[:, None]], dim=1)
+        unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+        u_ids, u_start, u_len = unique[:, :width], unique[:, width], unique[:, width + 1]
+        order = torch.argsort(u_len, stable=True)
+
+        u_gammas: list[torch.Tensor] = [torch.empty(0)] * len(unique)
+        u_infos: list[dict] = [{}] * len(unique)
+        for lo in range(0, len(order), micro_batch):
+            rows = order[lo : lo + micro_batch]
+            n, q0 = int(u_len[rows].max()), int(u_start[rows].min())
+            q0 = min(q0, n - 1)  # maps need one row at least (an all-empty-response chunk)
+            maps = self.maps(u_ids[rows, :n], query_start=q0)  # [b, layers, H, n - q0, n]
+            result = rhythm_credit_batch(maps, u_start[rows], u_len[rows], cfg)
+            # One device-to-host copy per micro-batch; the trainer needs only the gammas.
+            if with_info:
+                result = result.to("cpu")
+            counts = result.valid.sum(1).tolist()
+            flat = result.gamma[result.valid].cpu()
+            picked = rows.tolist()
+            for slot, gamma in zip(picked, flat.split(counts), strict=True):
+                u_gammas[slot] = gamma
+            if with_info:
+                for j, slot in enumerate(picked):
+                    u_infos[slot] = self._info(result, j)
+        back = inverse.tolist()
+        gammas = [u_gammas[j] for j in back]
+        infos = [dict(u_infos[j]) for j in back] if with_info else []
+        return gammas, infos
+
+    def _info(self, result: RhythmBatch, row: int) -> dict:
+        """`token_credit`'s info dict for one row of a batched result (CPU tensors)."""
+        r = int(result.valid[row].sum())
+        sel = result.selection
+        return {
+            "waad": result.waad[row, :r],
+            "fai": result.fai[row, :r],
+            "delta": sel.delta[row, :r],
+            "spans": result.spans[row],
+            "local_heads": result.local_heads[row],
+            "global_heads": result.global_heads[row],
+            "local": sel.local[row, :r],
+            "anchors": sel.anchors[row, :r],
+            "dominated": sel.dominated[row, :r],
+            "introducer": sel.introducer[row, :r],
+            "layers": list(self.layer_ids),
+            "version": self.version,
+        }
 
 
 def _credit_from_maps(
     maps: torch.Tensor, response_start: int, cfg: RhythmConfig, actor: ActorAttention
 ) -> tuple[torch.Tensor, dict]:
-    """Rhythm credit from one sample's response-row maps [layers, H, R, N]."""
+    """Rhythm credit from one sample's response-row maps [layers, H, R, N].
+
+    The per-sample reference path (`token_credit`, `cadence rhythm`); batches go
+    through `rhythm_credit_batch`, which computes the same numbers for all rows.
+    """
     spans = head_spans(maps, response_start)
     local_idx, global_idx = classify_heads(spans, cfg.head_fraction)
     a_loc, a_glob = class_maps(maps, local_idx, global_idx)

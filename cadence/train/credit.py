@@ -3,7 +3,9 @@
 `actor_attn` is an eager-attention copy of the policy whose weights follow
 the trainer's after every step, like the inference engine's. Per batch it
 reads the attention maps of a few middle layers over prompt + response and
-turns them into one gamma per response token (cadence.algo.rhythm).
+turns them into one gamma per response token (cadence.algo.rhythm), with one
+forward and one batched credit computation per `RhythmConfig.micro_batch`
+samples.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from cadence.train.batch import TrainBatch
 
 
 class AttentionCredit:
-    def __init__(self, policy: PreTrainedModel, cfg: RhythmConfig, pad_id: int, micro_batch: int = 16) -> None:
+    """Gammas for the trainer from `actor_attn`; `micro_batch` overrides `cfg.micro_batch`."""
+
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        cfg: RhythmConfig,
+        pad_id: int,
+        micro_batch: int | None = None,
+    ) -> None:
         self.cfg = cfg
         self.pad_id = pad_id
-        self.micro_batch = micro_batch
+        self.micro_batch = micro_batch or cfg.micro_batch
         self.actor_attn = ActorAttention(policy, layers=cfg.layers)
         self.last_seconds = 0.0
 
@@ -34,17 +44,16 @@ class AttentionCredit:
     def gammas(self, batch: TrainBatch) -> tuple[list[Tensor], dict[str, float]]:
         """Per-sample gamma vectors over response tokens, and credit metrics."""
         start = time.perf_counter()
-        prompts, responses = [], []
-        for row in range(len(batch)):
-            length = int(batch.attention_mask[row].sum())
-            first = int(batch.response_start[row]) + 1  # response_start is in [L-1] space
-            ids = batch.input_ids[row, :length]
-            prompts.append(ids[:first])
-            responses.append(ids[first:])
-        results = self.actor_attn.token_credit_batch(
-            prompts, responses, self.cfg, micro_batch=self.micro_batch, pad_id=self.pad_id
+        # The batch is already right-padded prompt + response: hand it over as is.
+        # response_start is in [L-1] (next-token) space; +1 is the input position.
+        gammas, _ = self.actor_attn.token_credit_padded(
+            batch.input_ids,
+            batch.response_start + 1,
+            batch.attention_mask.sum(1),
+            self.cfg,
+            micro_batch=self.micro_batch,
+            pad_id=self.pad_id,
         )
-        gammas = [g for g, _ in results]
         self.last_seconds = time.perf_counter() - start
         metrics = credit_metrics(gammas)
         metrics["rhythm/attention_seconds"] = self.last_seconds

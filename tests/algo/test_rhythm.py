@@ -16,10 +16,12 @@ from cadence.algo.rhythm import (
     classify_heads,
     credit_metrics,
     credit_selection,
+    credit_selection_batch,
     credit_weights,
     fai,
     head_spans,
     local_delta,
+    rhythm_credit_batch,
     select_layers,
     shape_advantages,
     top_q_mask,
@@ -297,7 +299,7 @@ def test_config_validation() -> None:
     cfg = RhythmConfig()
     assert (cfg.credit, cfg.window, cfg.fai_min, cfg.fai_max) == ("none", 10, 10, 100)
     assert (cfg.head_fraction, cfg.gamma_amp, cfg.top_q, cfg.both_signs) == (0.3, 1.5, 0.4, True)
-    assert (cfg.alpha, cfg.lookback, cfg.layers) == (0.5, 3, 5)
+    assert (cfg.alpha, cfg.lookback, cfg.layers, cfg.micro_batch) == (0.5, 3, 5, 128)
     assert cfg.tau_waad == cfg.tau_delta == "median"
     assert RhythmConfig(tau_waad=2.0).tau_waad == 2.0
     for bad in [
@@ -306,6 +308,161 @@ def test_config_validation() -> None:
         {"head_fraction": 0.6},
         {"credit": "all"},
         {"tau_delta": "mean"},
+        {"micro_batch": 0},
     ]:
         with pytest.raises(ValidationError):
             RhythmConfig(**bad)
+
+
+# ----------------------------------------------------------------------------
+# Batched over samples == per sample
+
+
+def per_sample(maps: torch.Tensor, p: int, cfg: RhythmConfig) -> dict[str, torch.Tensor]:
+    """The readable per-sample chain on one sample's maps [layers, H, rows, N]."""
+    spans = head_spans(maps, p)
+    loc, glob = classify_heads(spans, cfg.head_fraction)
+    a_loc, a_glob = class_maps(maps, loc, glob)
+    w, f = waad(a_loc, p, cfg.window), fai(a_glob, p, cfg.fai_min, cfg.fai_max)
+    sel = credit_selection(w, f, cfg)
+    return {
+        "spans": spans,
+        "local_heads": loc,
+        "global_heads": glob,
+        "waad": w,
+        "fai": f,
+        "gamma": sel.gamma,
+        "delta": sel.delta,
+        "local": sel.local,
+        "anchors": sel.anchors,
+        "dominated": sel.dominated,
+        "introducer": sel.introducer,
+    }
+
+
+def padded_maps(
+    prompts: list[int], lengths: list[int], layers: int = 2, heads: int = 3, seed: int = 0
+) -> tuple[torch.Tensor, int]:
+    """Right-padded float32 maps [B, layers, H, N - q0, N] like ActorAttention's, q0 = min prompt.
+
+    Each sample's rows are its own causal maps; the rows no sample owns (pad
+    positions) are NaN, so any leak of padding into a result shows.
+    """
+    n, q0 = max(lengths), min(prompts)
+    out = torch.full((len(lengths), layers, heads, n, n), math.nan)
+    for b, length in enumerate(lengths):
+        out[b, ..., :length, :] = 0.0
+        out[b, ..., :length, :length] = causal_maps(layers, heads, length, seed=seed + b).float()
+    return out[..., q0:, :], q0
+
+
+BATCH_CONFIGS = [
+    {"credit": "none"},
+    {"credit": "local"},
+    {"credit": "local", "top_q": 0.25, "window": 3, "head_fraction": 0.5},
+    {"credit": "global"},
+    {"credit": "global", "fai_min": 2, "fai_max": 6},
+    {"credit": "coupled"},
+    {"credit": "coupled", "fai_min": 2, "fai_max": 9, "lookback": 2},
+    {"credit": "coupled", "fai_min": 1, "fai_max": 4, "alpha": 1.0, "top_q": 0.6},
+    {"credit": "coupled", "fai_min": 3, "tau_waad": 3.0, "tau_delta": 0.5},
+]
+
+
+@pytest.mark.parametrize("both_signs", [True, False])
+@pytest.mark.parametrize("overrides", BATCH_CONFIGS)
+def test_batched_credit_equals_per_sample(overrides: dict, both_signs: bool) -> None:
+    """Mixed prompt and response lengths (1 to 17 tokens) in one padded batch."""
+    cfg = RhythmConfig(both_signs=both_signs, **overrides)
+    prompts = [4, 6, 3, 6, 9, 5, 3, 7]
+    responses = [3, 1, 17, 2, 12, 8, 4, 6]
+    lengths = [p + r for p, r in zip(prompts, responses, strict=True)]
+    maps, q0 = padded_maps(prompts, lengths, seed=len(str(overrides)))
+    got = rhythm_credit_batch(maps, torch.tensor(prompts), torch.tensor(lengths), cfg)
+    assert got.gamma.shape == got.valid.shape == (8, 17)
+    assert got.valid.sum(1).tolist() == responses
+    assert torch.isfinite(got.gamma).all() and torch.isfinite(got.waad).all()
+    assert (got.gamma[~got.valid] == 1).all()
+    if cfg.credit == "coupled":  # the hand-over itself is exercised, not only the anchors
+        assert got.selection.dominated.any()
+    gammas = got.gammas()
+    for b, (p, length) in enumerate(zip(prompts, lengths, strict=True)):
+        ref = per_sample(maps[b, :, :, p - q0 : length - q0, :length], p, cfg)
+        r = responses[b]
+        assert torch.allclose(gammas[b], ref["gamma"], atol=1e-6, rtol=0)
+        for name in ("waad", "fai", "delta"):
+            row = getattr(got.selection if name == "delta" else got, name)[b]
+            # Same sums in another order: equal up to float32 rounding.
+            assert torch.allclose(row[:r], ref[name], atol=1e-6, rtol=1e-6), name
+        assert torch.allclose(got.spans[b], ref["spans"], atol=1e-6, rtol=1e-6)
+        assert torch.equal(got.local_heads[b], ref["local_heads"])
+        assert torch.equal(got.global_heads[b], ref["global_heads"])
+        for name in ("local", "anchors", "dominated", "introducer"):
+            assert torch.equal(getattr(got.selection, name)[b, :r], ref[name]), name
+
+    # The shaped advantages, with either sign rule, are the same too.
+    width = max(lengths) - 1
+    mask = torch.zeros(8, width)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        mask[b, p - 1 : p - 1 + r] = 1.0
+    adv = torch.randn(8, width, generator=torch.Generator().manual_seed(5))
+    refs = [
+        per_sample(maps[b, :, :, p - q0 : n - q0, :n], p, cfg)["gamma"]
+        for b, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    assert torch.allclose(
+        shape_advantages(adv, gammas, mask, both_signs),
+        shape_advantages(adv, refs, mask, both_signs),
+        atol=1e-6,
+        rtol=0,
+    )
+
+
+def test_batched_credit_whole_maps_and_empty_response() -> None:
+    """Whole maps (rows = N) work too, and a response of 0 tokens gets no gammas."""
+    prompts, lengths = [0, 3, 5], [9, 7, 5]
+    maps, q0 = padded_maps([0, 3, 5], lengths, seed=3)
+    assert q0 == 0 and maps.shape[-2] == maps.shape[-1] == 9
+    cfg = RhythmConfig(credit="coupled", fai_min=2)
+    got = rhythm_credit_batch(maps, torch.tensor(prompts), torch.tensor(lengths), cfg)
+    assert [g.numel() for g in got.gammas()] == [9, 4, 0]
+    for b in range(2):
+        ref = per_sample(maps[b, ..., : lengths[b], : lengths[b]], prompts[b], cfg)
+        assert torch.equal(got.gammas()[b], ref["gamma"])
+    with pytest.raises(ValueError, match="response_start"):
+        rhythm_credit_batch(maps[..., 2:, :], torch.tensor(prompts), torch.tensor(lengths), cfg)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    credit=st.sampled_from(["none", "local", "global", "coupled"]),
+    top_q=st.sampled_from([0.1, 0.4, 0.5, 0.6, 1.0]),
+    lookback=st.integers(1, 4),
+    alpha=st.sampled_from([0.0, 0.5, 1.0]),
+    taus=st.sampled_from([("median", "median"), (1.0, 0.5), (0.0, "median")]),
+    seed=st.integers(0, 10_000),
+)
+def test_batched_selection_equals_per_sample_with_ties(
+    rows, credit, top_q, lookback, alpha, taus, seed
+) -> None:
+    """Quarter-step WAAD and FAI values, so ties and zero scores are common."""
+    cfg = RhythmConfig(
+        credit=credit,
+        top_q=top_q,
+        lookback=lookback,
+        alpha=alpha,
+        tau_waad=taus[0],
+        tau_delta=taus[1],
+    )
+    g = torch.Generator().manual_seed(seed)
+    r_max = max(rows)
+    w = torch.randint(0, 8, (len(rows), r_max), generator=g).float() / 4
+    f = torch.randint(0, 4, (len(rows), r_max), generator=g).float() / 4
+    valid = torch.arange(r_max) < torch.tensor(rows)[:, None]
+    got = credit_selection_batch(w, f, valid, cfg)
+    for b, r in enumerate(rows):
+        ref = credit_selection(w[b, :r], f[b, :r], cfg)
+        for name in ("gamma", "delta", "local", "anchors", "dominated", "introducer"):
+            assert torch.equal(getattr(got, name)[b, :r], getattr(ref, name)), name
+        assert (got.gamma[b, r:] == 1).all() and (got.introducer[b, r:] == -1).all()

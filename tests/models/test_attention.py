@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.algo.rhythm import RhythmConfig
+from cadence.algo.rhythm import RhythmConfig, shape_advantages
 from cadence.models.attention import ActorAttention, _decoder_layers
 from cadence.models.tiny import tiny_model
+from cadence.rollout.sample import Sample
+from cadence.train.batch import collate
+from cadence.train.credit import AttentionCredit
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +136,107 @@ def test_token_credit_batch_matches_single(actor6) -> None:
     prompts = [ids(5, seed=10), ids(9, seed=11), ids(3, seed=12)]
     responses = [ids(20, seed=13), ids(7, seed=14), ids(26, seed=15)]
     batch = actor6.token_credit_batch(prompts, responses, cfg, micro_batch=2)
+    assert set(batch[0][1]) == {
+        "waad",
+        "fai",
+        "delta",
+        "spans",
+        "local_heads",
+        "global_heads",
+        "local",
+        "anchors",
+        "dominated",
+        "introducer",
+        "layers",
+        "version",
+    }
     for (g, info), p, r in zip(batch, prompts, responses, strict=True):
         g1, info1 = actor6.token_credit(p, r, cfg)
         assert torch.allclose(info["waad"], info1["waad"], atol=1e-5)
         assert torch.allclose(info["fai"], info1["fai"], atol=1e-5)
         assert torch.equal(g, g1)
+
+
+def mixed_samples() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Prompts of 3-9 tokens, responses of 1-24 tokens, and two exact duplicates (as GRPO makes)."""
+    plen = [5, 9, 3, 5, 7, 3, 5, 9, 4, 6]
+    rlen = [20, 7, 24, 1, 14, 3, 2, 18, 11, 4]
+    prompts = [ids(p, seed=20 + i) for i, p in enumerate(plen)]
+    responses = [ids(r, seed=40 + i) for i, r in enumerate(rlen)]
+    prompts += [prompts[0], prompts[6]]
+    responses += [responses[0], responses[6]]
+    return prompts, responses
+
+
+@pytest.mark.parametrize("both_signs", [True, False])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"credit": "local"},
+        {"credit": "global", "fai_min": 2, "fai_max": 12},
+        {"credit": "coupled", "fai_min": 2, "fai_max": 12},
+        {"credit": "coupled", "fai_min": 3, "lookback": 2, "alpha": 1.0},
+    ],
+)
+def test_attention_credit_batched_equals_per_sample(actor6, policy6, overrides, both_signs) -> None:
+    """The trainer's path (AttentionCredit on a TrainBatch) gives token_credit's gammas per sample."""
+    cfg = RhythmConfig(both_signs=both_signs, micro_batch=4, **overrides)
+    prompts, responses = mixed_samples()
+    samples = [
+        Sample("p", i, p.tolist(), r.tolist(), [0.0] * r.numel(), 1.0, 0, "stop")
+        for i, (p, r) in enumerate(zip(prompts, responses, strict=True))
+    ]
+    batch = collate(samples, pad_id=0)
+    credit = AttentionCredit(policy6, cfg, pad_id=0)
+    assert credit.micro_batch == 4  # from the config
+    gammas, metrics = credit.gammas(batch)
+    refs = [actor6.token_credit(p, r, cfg)[0] for p, r in zip(prompts, responses, strict=True)]
+    assert [g.shape for g in gammas] == [g.shape for g in refs]
+    for g, ref in zip(gammas, refs, strict=True):
+        assert torch.allclose(g, ref, atol=1e-6, rtol=0)
+    assert metrics["rhythm/attention_seconds"] > 0
+    assert metrics["rhythm/amplified_frac"] > 0  # the comparison is not all ones
+    adv = torch.randn(batch.mask.shape, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(
+        shape_advantages(adv, gammas, batch.mask, both_signs),
+        shape_advantages(adv, refs, batch.mask, both_signs),
+        atol=1e-6,
+        rtol=0,
+    )
+
+
+def test_token_credit_padded_info_and_duplicates(actor6) -> None:
+    """with_info gives token_credit's info per row; duplicates are read once and agree."""
+    cfg = RhythmConfig(credit="coupled", fai_min=2, fai_max=12)
+    prompts, responses = mixed_samples()
+    lengths = torch.tensor([p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)])
+    starts = torch.tensor([p.numel() for p in prompts])
+    padded = torch.full((len(prompts), int(lengths.max()) + 2), 7)  # junk after each row
+    for row, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        padded[row, : p.numel() + r.numel()] = torch.cat([p, r])
+
+    forwards = []
+    original = actor6.maps
+    actor6.maps = lambda x, **kw: forwards.append(x.shape[0]) or original(x, **kw)
+    try:
+        gammas, infos = actor6.token_credit_padded(
+            padded, starts, lengths, cfg, micro_batch=3, with_info=True
+        )
+        plain, none = actor6.token_credit_padded(padded, starts, lengths, cfg, micro_batch=3)
+    finally:
+        del actor6.maps
+    assert forwards[: len(forwards) // 2] == [3, 3, 3, 1]  # 10 distinct rows of 12
+    assert none == [] and all(torch.equal(a, b) for a, b in zip(gammas, plain, strict=True))
+    assert torch.equal(gammas[10], gammas[0]) and torch.equal(gammas[11], gammas[6])
+    for row, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        gamma, ref = actor6.token_credit(p, r, cfg)
+        info = infos[row]
+        assert torch.allclose(gammas[row], gamma, atol=1e-6, rtol=0)
+        assert set(info) == set(ref)
+        for key in ("waad", "fai", "delta", "spans"):
+            assert torch.allclose(info[key], ref[key], atol=1e-5, rtol=1e-5), key
+        for key in ("local_heads", "global_heads", "local", "anchors", "dominated", "introducer"):
+            assert torch.equal(info[key], ref[key]), key
+        assert info["layers"] == ref["layers"] and info["version"] == ref["version"]
+    with pytest.raises(ValueError, match="response_start"):
+        actor6.token_credit_padded(padded, lengths + 1, lengths, cfg)
