@@ -29,17 +29,16 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from cadence.algo.rhythm import (
-    RhythmBatch,
     RhythmConfig,
     class_maps,
     classify_heads,
     credit_selection,
     fai,
     head_spans,
-    rhythm_credit_batch,
     select_layers,
     waad,
 )
+from cadence.algo.rhythm_batched import RhythmBatch, rhythm_credit_batch
 
 
 class _StopForward(Exception):

@@ -16,17 +16,16 @@ from cadence.algo.rhythm import (
     classify_heads,
     credit_metrics,
     credit_selection,
-    credit_selection_batch,
     credit_weights,
     fai,
     head_spans,
     local_delta,
-    rhythm_credit_batch,
     select_layers,
     shape_advantages,
     top_q_mask,
     waad,
 )
+from cadence.algo.rhythm_batched import credit_selection_batch, rhythm_credit_batch
 
 
 def causal_maps(*shape: int, seed: int = 0) -> torch.Tensor:
