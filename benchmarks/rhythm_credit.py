@@ -348,10 +348,10 @@ def summarise(runs: list[RunRecord]) -> list[dict[str, Any]]:
 def probe_attention(
     model: str, prompt: str, response_len: int, batch: int, repeats: int = 3
 ) -> list[dict[str, Any]]:
-    """Time the attention pass on one synthetic batch: model forward vs per-sample credit math.
+    """Time the attention pass on one synthetic batch: model forward vs the batched credit math.
 
-    Tries the cheaper knobs: fewer layers (`algorithm.rhythm.layers`) and one
-    forward for the whole batch instead of the trainer's micro-batches of 16.
+    Tries the cheaper knobs: fewer layers (`algorithm.rhythm.layers`) and the
+    forward's micro-batch (`algorithm.rhythm.micro_batch`, 128 by default).
     Response tokens are random: the cost does not depend on what they say.
     """
     from cadence.models.attention import ActorAttention
@@ -539,9 +539,9 @@ def markdown_table(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     probes = meta.get("attention_probe", {})
     if probes:
         lines += [
-            "Where the attention pass's time goes (one synthetic batch, best of 3; the trainer uses "
-            "micro-batches of 16): the eager "
-            "forward of the copy vs the per-sample credit math (head spans, WAAD, FAI, top-q).",
+            "Where the attention pass's time goes (one synthetic batch of distinct rows, best of 3; "
+            "the trainer's micro-batch is `algorithm.rhythm.micro_batch`, 128 by default): the eager "
+            "forward of the copy vs the credit math batched over samples (head spans, WAAD, FAI, top-q).",
             "",
             "| setting | layers read | micro-batch | pass s | forward s | credit math s |",
             "|---|---|---|---|---|---|",
@@ -581,7 +581,7 @@ def machine() -> str:
                 break
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
-        f"{cpu}, {cores} cores (shared with other work), Python {platform.python_version()}, "
+        f"{cpu}, {cores} cores, Python {platform.python_version()}, "
         f"torch {torch.__version__}"
     )
 
