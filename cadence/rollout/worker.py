@@ -50,8 +50,15 @@ def worker_quotas(prompts_per_step: int, workers: int) -> list[int]:
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0) -> None:
+    def __init__(
+        self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0, background: bool = True
+    ) -> None:
         self.threads = configure_threads(threads)
+        # background=False: no generation thread; get_batch generates in the caller's thread.
+        # Synchronous training in one process uses this: generation and training alternate
+        # anyway, and torch ops from a second thread would bring a second OpenMP thread team
+        # that competes with the trainer's for the same cores.
+        self.background = background
         self.cfg = cfg
         self.index = index
         ro = cfg.rollout
@@ -100,6 +107,7 @@ class RolloutWorker:
         self.interrupt = ro.interrupt_on_update
         self._lock = threading.Lock()  # the engine: one user at a time
         self._slot_lock = threading.Lock()  # only guards _new_weights; held for nanoseconds
+        self._wake = threading.Event()  # new weights or stop: the idle generation loop goes on
         self._new_weights: tuple[dict[str, torch.Tensor], int] | None = None  # waiting for a swap
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,7 +124,7 @@ class RolloutWorker:
 
     # -- the producer loop ---------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
+        if self._thread is None and self.background:
             self._thread = threading.Thread(target=self._run, name=f"rollout-{self.index}", daemon=True)
             self._thread.start()
 
@@ -125,20 +133,28 @@ class RolloutWorker:
         # prompts in flight keep the batch full while some groups are being filtered out.
         return (self.version + self.alpha + 1) * self.quota + self.stats.filtered_groups + self.extra
 
+    def _tick(self) -> bool:
+        """One round of the producer: swap in queued weights, admit what alpha allows, one
+        engine step (its finished answers scored). False when there was nothing to do."""
+        with self._lock:
+            self._swap_weights()
+            room = self._allowed_groups() - self.started_groups
+            if room > 0 and self._new_weights is None:
+                self.rollout.admit(room)
+                self.started_groups += room
+            busy = self.rollout.has_work()
+            if busy:
+                self.rollout.poll(self.buffer, self.stats)
+        return busy
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                with self._lock:
-                    self._swap_weights()
-                    room = self._allowed_groups() - self.started_groups
-                    if room > 0 and self._new_weights is None:
-                        self.rollout.admit(room)
-                        self.started_groups += room
-                    busy = self.rollout.has_work()
-                    if busy:
-                        self.rollout.poll(self.buffer, self.stats)
-                if not busy:
-                    time.sleep(0.002)  # waiting for new weights: nothing may start yet
+                if not self._tick():
+                    # Nothing may start until new weights arrive: block instead of polling, since a
+                    # thread waking every few ms steals a core from the trainer's torch threads.
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
         except Exception:  # surfaced to the trainer on its next call, not lost in a thread
             self._error = traceback.format_exc()
 
@@ -170,12 +186,14 @@ class RolloutWorker:
         while True:
             self._check()
             try:
-                batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0.05)
+                batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0 if not self.background else 0.05)
                 self.handed_out += len(batch)
                 return batch
             except TimeoutError:
                 if time.perf_counter() > deadline:
                     raise
+                if not self.background and not self._tick():
+                    raise RuntimeError(f"rollout worker {self.index}: idle with an incomplete batch") from None
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Queue new weights and return at once: the generation loop swaps them in between
@@ -184,6 +202,7 @@ class RolloutWorker:
         swapped in now. The tensors must not change afterwards (WorkerGroup sends copies)."""
         with self._slot_lock:
             self._new_weights = (state_dict, version)
+        self._wake.set()
         if self._thread is None:
             with self._lock:
                 self._swap_weights(force=True)
@@ -227,6 +246,7 @@ class RolloutWorker:
     def stop(self) -> None:
         """Stop generating; the engine and reward guard stay usable (final evaluation)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None

@@ -29,7 +29,9 @@ class WorkerGroup:
         n = cfg.runtime.rollout_workers
         self.spread = cfg.rollout.replicate_prompts and n > 1
         if self.kind == "inline":
-            self.workers: list[Any] = [RolloutWorker(cfg, 0, 1, threads=cfg.runtime.threads)]
+            # Synchronous: generation runs in the trainer's thread (see RolloutWorker.background).
+            background = cfg.rollout.async_ratio > 0
+            self.workers: list[Any] = [RolloutWorker(cfg, 0, 1, threads=cfg.runtime.threads, background=background)]
             return
         import ray
 
