@@ -123,6 +123,10 @@ class RuntimeConfig(Section):
         False, description="ray only: run the critics (algorithm.name=ppo/asyppo) in their own Ray actor."
     )
     critic_cpus: float = Field(1.0, gt=0, description="CPUs of the critic actor, ray only.")
+    credit_actor: bool = Field(
+        False, description="ray only: run actor_attn (algorithm.credit=local/global/coupled) in its own Ray actor."
+    )
+    credit_cpus: float = Field(1.0, gt=0, description="CPUs of the actor_attn actor, ray only.")
 
 
 class LoggingConfig(Section):
@@ -201,6 +205,10 @@ class RunConfig(Section):
         if self.runtime.critic_actor and (self.runtime.kind != "ray" or not self.algorithm.uses_critics):
             raise ValueError(
                 "runtime.critic_actor=true needs runtime.kind=ray and algorithm.name=ppo or asyppo"
+            )
+        if self.runtime.credit_actor and (self.runtime.kind != "ray" or self.algorithm.credit == "none"):
+            raise ValueError(
+                "runtime.credit_actor=true needs runtime.kind=ray and algorithm.credit=local, global or coupled"
             )
         if self.runtime.kind == "inline" and self.runtime.rollout_workers > 1:
             raise ValueError(

@@ -120,3 +120,34 @@ def test_asyppo_critics_in_their_own_ray_actor(tmp_path):
         ray.shutdown()
     assert [r["step"] for r in rs] == [1, 2]
     assert "critic/value_loss_1" in rs[-1] and "asyppo/adv_masked_fraction" in rs[-1]
+
+
+@pytest.mark.slow
+def test_attention_credit_in_its_own_ray_actor(tmp_path):
+    ray = pytest.importorskip("ray")
+    common = [*QUICK, "trainer.steps=2", "runtime.kind=ray", "runtime.rollout_cpus=0.5", "algorithm.credit=local"]
+    local = records(train(load_config(None, [*common, f"logging.run_dir={tmp_path}/local"])).run_dir)
+    try:
+        remote = records(
+            train(
+                load_config(
+                    None,
+                    [*common, "runtime.credit_actor=true", "runtime.credit_cpus=0.5", f"logging.run_dir={tmp_path}/remote"],
+                )
+            ).run_dir
+        )
+    finally:
+        ray.shutdown()
+    assert [r["step"] for r in remote] == [1, 2]
+    assert remote[-1]["rhythm/attention_seconds"] > 0
+    assert 0 < remote[-1]["rhythm/amplified_frac"] <= 1
+    assert set(local[-1]) == set(remote[-1])  # the same metrics, wherever actor_attn lives
+
+
+def test_credit_actor_needs_ray_and_a_credit():
+    from cadence.config import ConfigError
+
+    with pytest.raises(ConfigError, match="runtime.credit_actor"):
+        load_config(None, ["runtime.credit_actor=true", "algorithm.credit=local"])
+    with pytest.raises(ConfigError, match="algorithm.credit=local"):
+        load_config(None, ["runtime.kind=ray", "runtime.credit_actor=true"])

@@ -23,7 +23,7 @@ from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
-from cadence.train.credit import AttentionCredit
+from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble, RemoteCritics
 from cadence.train.trainer import PolicyTrainer
 
@@ -68,11 +68,13 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
         )
     elif cfg.algorithm.uses_critics:
         critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
-    credit = (
-        AttentionCredit(policy, cfg.algorithm.rhythm, tokenizer.pad_token_id)
-        if cfg.algorithm.credit != "none"
-        else None
-    )
+    credit = None
+    if cfg.runtime.credit_actor:
+        credit = RemoteCredit(
+            policy, cfg.model.path, cfg.algorithm.rhythm, tokenizer.pad_token_id, cfg.runtime.credit_cpus
+        )
+    elif cfg.algorithm.credit != "none":
+        credit = AttentionCredit(policy, cfg.algorithm.rhythm, tokenizer.pad_token_id)
     trainer = PolicyTrainer(
         policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, tokenizer.pad_token_id, reference,
         critics=critics, credit=credit,

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from cadence.algo.rhythm import RhythmConfig, credit_metrics
 from cadence.models.attention import ActorAttention
+from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
 
 
@@ -38,7 +39,10 @@ class AttentionCredit:
         self.last_seconds = 0.0
 
     def sync(self, policy: PreTrainedModel, version: int) -> None:
-        self.actor_attn.update_weights(policy.state_dict(), version)
+        self.sync_weights(policy.state_dict(), version)
+
+    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        self.actor_attn.update_weights(state_dict, version)
 
     @torch.no_grad()
     def gammas(self, batch: TrainBatch) -> tuple[list[Tensor], dict[str, float]]:
@@ -57,4 +61,31 @@ class AttentionCredit:
         self.last_seconds = time.perf_counter() - start
         metrics = credit_metrics(gammas)
         metrics["rhythm/attention_seconds"] = self.last_seconds
+        return gammas, metrics
+
+
+class RemoteCredit:
+    """AttentionCredit with actor_attn in its own Ray actor (`runtime.credit_actor=true`).
+
+    The trainer uses it exactly as the local one: weights go to the actor after
+    every step (one object-store copy), batches in and gammas out.
+    """
+
+    def __init__(self, policy: PreTrainedModel, policy_path: str, cfg: RhythmConfig, pad_id: int, cpus: float) -> None:
+        from cadence.models.loading import load_policy
+
+        def make() -> AttentionCredit:  # built inside the actor process, where it lives
+            torch.set_num_threads(max(1, int(cpus)))
+            return AttentionCredit(load_policy(policy_path), cfg, pad_id)
+
+        self._call = remote_object(make, cpus)
+        self.last_seconds = 0.0
+        self.sync(policy, 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
+
+    def sync(self, policy: PreTrainedModel, version: int) -> None:
+        self._call("sync_weights", {k: v.detach().cpu() for k, v in policy.state_dict().items()}, version)
+
+    def gammas(self, batch: TrainBatch) -> tuple[list[Tensor], dict[str, float]]:
+        gammas, metrics = self._call("gammas", batch)
+        self.last_seconds = metrics["rhythm/attention_seconds"]
         return gammas, metrics

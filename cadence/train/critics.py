@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 
 from cadence.algo.asyppo import CriticConfig, critic_loss, explained_variance, partition_groups
 from cadence.models.critic import ValueModel, small_critic_config
+from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
 
 
@@ -120,20 +121,14 @@ class RemoteCritics:
     """
 
     def __init__(self, cfg: CriticConfig, policy_path: str, seed: int, micro_batch_size: int, cpus: float) -> None:
-        import ray
-
         from cadence.models.loading import load_policy
 
         def make() -> CriticEnsemble:  # built inside the actor process, where it lives
             torch.set_num_threads(max(1, int(cpus)))
             return CriticEnsemble(cfg, load_policy(policy_path), policy_path, seed, micro_batch_size)
 
-        self._ray = ray
-        self._actor = ray.remote(_CriticHost).options(num_cpus=cpus).remote(make)
+        self._call = remote_object(make, cpus)
         self.num_critics = cfg.num_critics
-
-    def _call(self, method: str, *args):
-        return self._ray.get(self._actor.call.remote(method, *args))
 
     def values(self, batch: TrainBatch) -> Tensor:
         return self._call("values", batch)
@@ -149,13 +144,3 @@ class RemoteCritics:
 
     def load_state_dict(self, state: dict) -> None:
         self._call("load_state_dict", state)
-
-
-class _CriticHost:
-    """Ray actor body: builds the ensemble in the actor process and forwards calls to it."""
-
-    def __init__(self, make) -> None:
-        self.ensemble = make()
-
-    def call(self, method: str, *args):
-        return getattr(self.ensemble, method)(*args)

@@ -29,7 +29,7 @@ from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
-from cadence.train.credit import AttentionCredit
+from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
 
@@ -65,7 +65,7 @@ class PolicyTrainer:
         pad_id: int,
         reference: PreTrainedModel | None = None,
         critics: CriticEnsemble | None = None,
-        credit: AttentionCredit | None = None,
+        credit: AttentionCredit | RemoteCredit | None = None,
     ) -> None:
         self.policy = policy.train()
         self.cfg = trainer_cfg
