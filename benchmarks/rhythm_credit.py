@@ -46,7 +46,6 @@ import json
 import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -60,6 +59,17 @@ import torch
 from cadence.algo.rhythm import RhythmConfig
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
+
+# The scratchpad setting lives beside this script; running it as a script or loading it
+# from a file path (the tests) both find it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratchpad_setting import (  # noqa: E402, F401 (SCRATCHPAD_TEST: re-exported for the tests)
+    SCRATCHPAD_TEST,
+    SFT_STEPS,
+    prepare_scratchpad,
+    scratchpad,
+    scratchpad_split,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "attention_rhythm.md"
@@ -82,136 +92,6 @@ BASE_OVERRIDES = [
     "checkpoint.every=0",
     "runtime.threads=1",
 ]
-
-# The scratchpad warm-up: starts from the built-in model, which already reads
-# "NN+NN=" prompts, so a few hundred steps teach it the longer answer format.
-SFT_STEPS = 600
-SFT_LR = 3e-3
-SFT_BATCH = 64
-SFT_EXAMPLES = 20000
-SFT_SLIP = 0.6
-SCRATCHPAD_TEST = 200
-SCRATCHPAD_OVERRIDES = [
-    "task.name=jsonl",
-    "reward.extract=last_number",
-    'rollout.stop=["\\n"]',  # YAML double quotes: a real newline
-    "rollout.max_new_tokens=32",
-    "rollout.prompts_per_step=8",  # 64 samples a step: longer responses cost more
-]
-
-
-# ----------------------------------------------------------------------------
-# The scratchpad task
-
-
-def scratchpad(a: int, b: int, slip: bool = False) -> str:
-    """Column-by-column working for a + b (a, b < 100), ending with the answer and a newline.
-
-    With ``slip`` a carrying problem forgets the carry in the tens column, so the
-    written answer is wrong by ten, but self-consistent with the working.
-    """
-    a1, a0, b1, b0 = a // 10, a % 10, b // 10, b % 10
-    ones = a0 + b0
-    carry = 0 if slip else ones // 10
-    tens = a1 + b1 + carry
-    return f"{a0}+{b0}={ones}, {a1}+{b1}+{carry}={tens}, so {tens * 10 + ones % 10}\n"
-
-
-def scratchpad_split(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(train, test) pairs over all 10,000 problems; the test problems never appear in train."""
-    pairs = [(a, b) for a in range(100) for b in range(100)]
-    random.Random(seed).shuffle(pairs)
-    return pairs[SCRATCHPAD_TEST:], pairs[:SCRATCHPAD_TEST]
-
-
-def write_jsonl(path: Path, pairs: list[tuple[int, int]]) -> None:
-    """Prompts as the built-in task writes them ("07+45="), gold answer the sum."""
-    with path.open("w", encoding="utf-8") as handle:
-        for a, b in pairs:
-            handle.write(json.dumps({"prompt": f"{a:02d}+{b:02d}=", "answer": str(a + b)}) + "\n")
-
-
-def scratchpad_sft(out: Path, steps: int, seed: int = 0) -> float:
-    """Teach the built-in model the scratchpad format (with the carry slip); returns seconds.
-
-    Mirrors `cadence.recipes.sft.sft` (same optimiser, warm-up and decay), which
-    cannot be reused as is because it takes its examples from a task's
-    `sft_examples` and only "arith" has those.
-    """
-    from cadence.models.loading import load_policy, load_tokenizer
-    from cadence.recipes.sft import encode_examples, make_batch
-
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    train_pairs, _ = scratchpad_split()
-    pairs = []
-    for _ in range(SFT_EXAMPLES):
-        a, b = rng.choice(train_pairs)
-        slip = (a % 10 + b % 10 >= 10) and rng.random() < SFT_SLIP
-        pairs.append((f"{a:02d}+{b:02d}=", scratchpad(a, b, slip)))
-    tokenizer, model = load_tokenizer("builtin"), load_policy("builtin")
-    data = encode_examples(tokenizer, pairs)
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / steps)
-    )
-    start = time.perf_counter()
-    for i in range(steps):
-        ids, attn, labels = make_batch(rng.sample(data, SFT_BATCH), tokenizer.pad_token_id)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (i + 1) % 100 == 0 or i + 1 == steps:
-            print(f"  sft step {i + 1}/{steps}: loss {loss.item():.3f}", flush=True)
-    seconds = time.perf_counter() - start
-    out.mkdir(parents=True, exist_ok=True)
-    model.eval().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "scratchpad_sft.json").write_text(
-        json.dumps(
-            {"steps": steps, "seed": seed, "lr": SFT_LR, "slip": SFT_SLIP, "seconds": seconds}
-        )
-    )
-    return seconds
-
-
-def prepare_scratchpad(workdir: Path, sft_steps: int) -> tuple[list[str], dict[str, Any]]:
-    """Data files and the warmed-up model (reused when already made); run overrides and facts."""
-    data = workdir / "scratchpad-data"
-    data.mkdir(parents=True, exist_ok=True)
-    train_pairs, test_pairs = scratchpad_split()
-    write_jsonl(data / "train.jsonl", train_pairs)
-    write_jsonl(data / "test.jsonl", test_pairs)
-    model = workdir / f"sft-scratchpad-{sft_steps}"
-    marker = model / "scratchpad_sft.json"
-    if marker.is_file():
-        sft_seconds, cached = float(json.loads(marker.read_text())["seconds"]), True
-        print(f"scratchpad: reusing {model} (SFT took {sft_seconds:.0f} s when made)")
-    else:
-        print(f"scratchpad: SFT of the built-in model for {sft_steps} steps -> {model}")
-        sft_seconds, cached = scratchpad_sft(model, sft_steps), False
-    # Relative to the working directory, so the JSON and the plot titles read
-    # "runs/bench-rhythm/..." when run from the repository root as documented.
-    model_path, train_file, test_file = (
-        os.path.relpath(p) for p in (model, data / "train.jsonl", data / "test.jsonl")
-    )
-    overrides = [
-        f"model.path={model_path}",
-        f"task.train_file={train_file}",
-        f"task.test_file={test_file}",
-        *SCRATCHPAD_OVERRIDES,
-    ]
-    facts = {
-        "model": model_path,
-        "sft_steps": sft_steps,
-        "sft_seconds": sft_seconds,
-        "sft_cached": cached,
-    }
-    return overrides, facts
-
 
 # ----------------------------------------------------------------------------
 # Runs
