@@ -10,18 +10,9 @@ import pytest
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.worker import worker_quotas
+from tests.quick_run import QUICK_RUN
 
-QUICK = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "trainer.micro_batch_size=16",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "task.test_size=8",
-    "checkpoint.every=0",
-]
+QUICK = [*QUICK_RUN, "checkpoint.every=0"]
 
 
 def records(run_dir: Path) -> list[dict]:

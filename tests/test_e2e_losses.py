@@ -9,20 +9,11 @@ import pytest
 from cadence.algo import advantages, losses
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
+from tests.quick_run import QUICK_RUN
 
 pytestmark = pytest.mark.slow
 
-FAST = [
-    "trainer.steps=2",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "trainer.micro_batch_size=16",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "task.test_size=8",
-]
+FAST = ["trainer.steps=2", *QUICK_RUN]
 
 
 @pytest.mark.parametrize("loss", losses.names())

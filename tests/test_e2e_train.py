@@ -16,20 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
+from tests.quick_run import QUICK_RUN
 
 pytestmark = pytest.mark.slow
 
-SMALL = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=6",
-    "trainer.micro_batch_size=16",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "task.test_size=8",
-]
+SMALL = [*QUICK_RUN, "rollout.max_new_tokens=6"]
 
 
 def varied_reward(tmp_path: Path) -> str:

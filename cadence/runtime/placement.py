@@ -65,14 +65,17 @@ class WorkerGroup:
         return join_parts(parts) if self.spread else [g for part in parts for g in part]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
-        # Workers swap weights in later, between engine steps, so they get a snapshot the
-        # optimizer cannot touch: the object store's copy (ray) or a clone (inline).
+        # A generating worker swaps weights in later, between engine steps, so it gets a
+        # snapshot the optimizer cannot touch: the object store's copy (ray) or a clone
+        # (inline, background). A foreground worker copies them in at once: no clone needed.
         if self.kind == "ray":
             import ray
 
             snapshot = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
-        else:
+        elif self.workers[0].background:
             snapshot = {k: v.detach().clone() for k, v in state_dict.items()}
+        else:
+            snapshot = state_dict
         self._call("update_weights", snapshot, version)
 
     def evaluate(self, samples: int) -> EvalResult:
