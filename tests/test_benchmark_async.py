@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_module import load_benchmark
 
 
 def _row(variant: str, samples_per_s: float, beta: float | None = None) -> dict:
@@ -27,7 +17,7 @@ def _row(variant: str, samples_per_s: float, beta: float | None = None) -> dict:
 
 
 def test_throughput_table_reports_ratios_to_both_syncs(tmp_path, monkeypatch):
-    bench = _load("async_throughput")
+    bench = load_benchmark("async_throughput")
     doc = tmp_path / "async.md"
     doc.write_text("intro\n<!-- async-table-start -->\nold\n<!-- async-table-end -->\noutro\n")
     monkeypatch.setattr(bench, "DOC", doc)
@@ -45,7 +35,7 @@ def test_throughput_table_reports_ratios_to_both_syncs(tmp_path, monkeypatch):
 
 
 def test_parity_summary_and_table(tmp_path, monkeypatch):
-    bench = _load("async_parity")
+    bench = load_benchmark("async_parity")
     runs = [
         {"mode": m, "seed": s, "before": 0.6, "after": a, "train_seconds": 50.0, "staleness_mean": st}
         for m, st, afters in (("sync (alpha=0)", 0.0, (1.0, 0.98, 0.99)), ("async (alpha=2)", 1.5, (0.97, 0.99, 0.98)))

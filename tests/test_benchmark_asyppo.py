@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmark_module import load_benchmark
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "asyppo.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_asyppo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("asyppo")
 
 
 def _run(method: str, seed: int, after: float, step: float, rss: float, params: int) -> dict:

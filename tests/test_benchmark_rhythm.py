@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmark_module import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "rhythm_credit.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("rhythm_credit_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("rhythm_credit")
 
 
 def test_scratchpad_working_and_slip(bench):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.benchmark_module import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "vs_trl.py"
 MiB = 2**20
@@ -20,12 +21,7 @@ MiB = 2**20
 
 @pytest.fixture(scope="module")
 def bench():
-    """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("vs_trl_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vs_trl")
 
 
 # ----------------------------------------------------------------------------- memory sampler
