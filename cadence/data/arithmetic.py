@@ -26,7 +26,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import Extract, Prompt, Split, check_split, stable_hash
+from cadence.data.tasks import (
+    Extract,
+    Prompt,
+    Split,
+    check_split,
+    held_out_indices,
+    stable_hash,
+    train_indices,
+)
 
 TERMINATOR = "\n"
 """Ends every arith answer: the SFT completion suffix and the sampler's stop string."""
@@ -149,19 +157,11 @@ class ArithmeticTask:
 
     def _test_indices(self, seed: int) -> list[int]:
         if seed not in self._test_cache:
-            rng = random.Random(stable_hash("arith", "test", seed))
-            self._test_cache[seed] = rng.sample(range(self.options.space), self.test_size)
+            self._test_cache[seed] = held_out_indices("arith", self.options.space, self.test_size, seed)
         return self._test_cache[seed]
 
     def _train_indices(self, n: int, seed: int, stream: str) -> list[int]:
-        held_out = set(self._test_indices(seed))
-        rng = random.Random(stable_hash("arith", stream, seed))
-        out: list[int] = []
-        while len(out) < n:  # terminates: the config keeps >= half the space out of test
-            index = rng.randrange(self.options.space)
-            if index not in held_out:
-                out.append(index)
-        return out
+        return train_indices("arith", self.options.space, n, seed, stream, set(self._test_indices(seed)))
 
     def prompts(self, split: Split, n: int, seed: int | None = None) -> list[Prompt]:
         """Train: `n` random problems (repeats possible), none in test. Test: the first

@@ -5,6 +5,8 @@ Naming scheme for `name`:
 * ``"arith"``: the built-in synthetic arithmetic task ("37+45=" -> "82"),
   small enough for a tiny character-level model. `kwargs`: ``operations``
   (default ``["+", "-"]``), ``digits`` (default 2).
+* ``"chain"``: built-in addition chains ("37+08=" -> "45, 45+08=53, ..., 101"),
+  with long-tailed answer lengths. `kwargs`: ``step_min`` (3), ``step_max`` (40).
 * ``"jsonl"``: prompts and answers from JSONL files (`train_file`, optional
   `test_file`, `prompt_field`, `answer_field`, `test_fraction`).
 * ``"rg:<dataset>"``: any reasoning-gym dataset, e.g. ``"rg:countdown"``;
@@ -24,20 +26,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TaskKind = Literal["arith", "jsonl", "rg"]
+TaskKind = Literal["arith", "chain", "jsonl", "rg"]
 RG_PREFIX = "rg:"
 
 
 def task_kind(name: str) -> TaskKind:
     """Classify a task name, or explain the accepted forms."""
-    if name == "arith":
-        return "arith"
+    if name in ("arith", "chain"):
+        return name  # type: ignore[return-value]
     if name == "jsonl":
         return "jsonl"
     if name.startswith(RG_PREFIX):
         return "rg"
     raise ValueError(
-        f"task.name {name!r} is not a known task: use 'arith' (built-in), 'jsonl' "
+        f"task.name {name!r} is not a known task: use 'arith' or 'chain' (built-in), 'jsonl' "
         "(with task.train_file), or 'rg:<reasoning-gym dataset>' such as 'rg:countdown'"
     )
 
@@ -49,12 +51,14 @@ class TaskConfig(BaseModel):
 
     name: str = Field(
         "arith",
-        description="Task: 'arith' (built-in arithmetic), 'jsonl' (files), or "
+        description="Task: 'arith' (built-in arithmetic), 'chain' (built-in addition "
+        "chains, long-tailed answers), 'jsonl' (files), or "
         "'rg:<dataset>' for a reasoning-gym dataset, e.g. 'rg:countdown'.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Task options: for 'arith' operations/digits; for 'rg:*' the "
+        description="Task options: for 'arith' operations/digits; for 'chain' "
+        "step_min/step_max; for 'rg:*' the "
         "reasoning-gym dataset config fields (not seed/size, which cadence sets).",
     )
     train_file: str | None = Field(
@@ -70,7 +74,7 @@ class TaskConfig(BaseModel):
     test_size: int = Field(
         200,
         ge=0,
-        description="Size of the generated test split ('arith', 'rg:*'); train never "
+        description="Size of the generated test split ('arith', 'chain', 'rg:*'); train never "
         "contains these prompts.",
     )
     test_fraction: float = Field(
@@ -100,6 +104,10 @@ class TaskConfig(BaseModel):
             from cadence.data.arithmetic import check_arith_config
 
             check_arith_config(self.kwargs, self.test_size)
+        elif kind == "chain":
+            from cadence.data.chain import check_chain_config
+
+            check_chain_config(self.kwargs, self.test_size)
         elif kind == "jsonl":
             self._check_jsonl()
         else:

@@ -10,6 +10,7 @@ not recall. Tasks are built by name through `build_task`; see
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -87,6 +88,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from cadence.data.arithmetic import ArithmeticTask
 
         return ArithmeticTask.from_config(cfg)
+    if kind == "chain":
+        from cadence.data.chain import AdditionChainTask
+
+        return AdditionChainTask.from_config(cfg)
     if kind == "jsonl":
         from cadence.data.jsonl import JsonlTask
 
@@ -94,3 +99,22 @@ def build_task(cfg: TaskConfig) -> Task:
     from cadence.data.reasoning_gym import ReasoningGymTask
 
     return ReasoningGymTask.from_config(cfg)
+
+
+def held_out_indices(key: str, space: int, size: int, seed: int) -> list[int]:
+    """A fixed sample of `size` distinct problem indices in [0, space): a generated task's test split."""
+    return random.Random(stable_hash(key, "test", seed)).sample(range(space), size)
+
+
+def train_indices(key: str, space: int, n: int, seed: int, stream: str, held_out: set[int]) -> list[int]:
+    """`n` random problem indices (repeats possible) outside `held_out`; `stream` names the draw.
+
+    Terminates because the tasks' configs keep at least half of the space out of the test split.
+    """
+    rng = random.Random(stable_hash(key, stream, seed))
+    out: list[int] = []
+    while len(out) < n:
+        index = rng.randrange(space)
+        if index not in held_out:
+            out.append(index)
+    return out

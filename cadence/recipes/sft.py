@@ -43,6 +43,11 @@ class SFTConfig(BaseModel):
     examples: int = Field(20000, gt=0, description="Synthetic training examples.")
     steps: int = Field(300, gt=0, description="Optimizer steps.")
     batch_size: int = Field(64, gt=0)
+    group_by_length: bool = Field(
+        False,
+        description="Draw each batch from examples of similar length: far less padding when "
+        "lengths are long-tailed ('chain'); off = uniformly random batches.",
+    )
     lr: float = Field(3e-3, gt=0)
     output: str = Field("runs/sft", description="Folder for the trained checkpoint.")
     threads: int = Field(0, ge=0, description="torch threads; 0 = all cores.")
@@ -66,6 +71,12 @@ def encode_examples(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[
         c = tokenizer(completion, add_special_tokens=False).input_ids
         out.append((p + c, len(p)))
     return out
+
+
+def length_buckets(rows: list[tuple[list[int], int]], size: int) -> list[list[tuple[list[int], int]]]:
+    """`rows` sorted by length and cut into batches of `size`: neighbours pad little."""
+    ordered = sorted(rows, key=lambda row: len(row[0]))
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 def make_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,15 +103,17 @@ def sft(cfg: SFTConfig) -> Path:
         ).train()
     task = build_task(cfg.task)
     if not hasattr(task, "sft_examples"):
-        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use the 'arith' task")
+        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
     data = encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / cfg.steps))
     start = time.perf_counter()
+    buckets = length_buckets(data, cfg.batch_size) if cfg.group_by_length else None
     bar = tqdm(range(cfg.steps), desc="sft", dynamic_ncols=True)
     for _ in bar:
-        ids, attn, labels = make_batch(rng.sample(data, cfg.batch_size), tokenizer.pad_token_id)
+        rows = rng.choice(buckets) if buckets else rng.sample(data, cfg.batch_size)
+        ids, attn, labels = make_batch(rows, tokenizer.pad_token_id)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
