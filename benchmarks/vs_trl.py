@@ -1,12 +1,13 @@
 """cadence against TRL's GRPOTrainer: the same model, prompts, reward and budget, side by side.
 
-    pip install -e ".[bench-trl]" && python benchmarks/vs_trl.py   # full run, ~3 min on 2 idle cores
-    python benchmarks/vs_trl.py --quick                           # smoke run, results in a temp dir
+    pip install -e ".[bench-trl]" && python benchmarks/vs_trl.py   # ~14 min on 2 idle cores (6 once cached)
+    python benchmarks/vs_trl.py --quick --settings arith          # smoke run, results in a temp dir
     python benchmarks/vs_trl.py --quick --out /tmp/vs_trl          # smoke run, results kept there
-    python benchmarks/vs_trl.py --steps 40 --runs trl cadence-sync
+    python benchmarks/vs_trl.py --settings chain --steps 10 --runs trl cadence-sync
 
-Three runs, one after the other, each in its own subprocess pinned to the same
-CPU cores (``--cpus``, default 2) with explicit thread counts:
+Three runs per setting, one after the other, each in its own subprocess
+pinned to the same CPU cores (``--cpus``, default 2) with explicit thread
+counts:
 
 ``trl``
     ``trl.GRPOTrainer`` on CPU (``use_vllm=False``, ``bf16=False``), 2 torch threads.
@@ -16,12 +17,18 @@ CPU cores (``--cpus``, default 2) with explicit thread counts:
 ``cadence-async``
     ``runtime.kind=ray rollout.async_ratio=2 runtime.threads=1``: a Ray
     rollout actor on one core (1 thread), the trainer in the driver (1 thread).
+``trl-cb`` (only when asked for with ``--runs``)
+    ``trl`` with ``use_transformers_continuous_batching=True``.
 
-Identical work: cadence's built-in model (``cadence/assets/arith-tiny``) and
-tokenizer, the built-in ``arith`` task's training prompts in cadence's own
-order, cadence's ``exact_match`` verifier (TRL gets a reward function that
-calls it), 16 prompts x 8 answers = 128 completions per optimizer step, at
-most 8 new tokens at temperature 1.0 stopping at the answer's newline,
+Two settings (`SETTINGS`): ``chain``, the built-in task with long-tailed
+answers (median ~24 tokens, longest ~330), from a warm-up SFT of the built-in
+model made once with ``cadence/configs/sft_chain.yaml`` and cached in
+``runs/bench-vs-trl/``; and ``arith``, the default task with 3-token answers
+and the built-in model. Within a setting the work is identical: the same
+start model and tokenizer, the task's training prompts in cadence's own
+order, cadence's verifier for the task (TRL gets a reward function that
+calls it), 16 prompts x 8 answers = 128 completions per optimizer step, the
+setting's token budget at temperature 1.0 stopping at the answer's newline,
 cadence's default learning rate, no KL (beta = 0), and the same number of
 optimizer steps. Every final model is scored by the same evaluator, cadence's
 greedy held-out pass@1 on the task's 200 test prompts (``cadence eval``).
@@ -29,9 +36,10 @@ greedy held-out pass@1 on the task's 200 test prompts (``cadence eval``).
 The parent polls the resident memory of each run's whole process tree (the
 run plus every descendant: Ray's gcs/raylet/workers, reward workers) every
 0.2 s with psutil. Results: ``docs/results/vs_trl.json``,
-``docs/results/vs_trl.png`` (training reward against wall-clock time) and the
-table between the ``vs-trl-table`` markers of ``docs/vs_trl.md``. ``--quick``
-writes nothing under ``docs/``: to ``--out`` or a temporary folder.
+``docs/results/vs_trl.png`` (training reward against wall-clock time, a panel
+per setting) and a table per setting between the ``vs-trl-<setting>``
+markers of ``docs/vs_trl.md`` (`vs_trl_report`). ``--quick`` writes nothing
+under ``docs/``: to ``--out`` or a temporary folder.
 """
 
 from __future__ import annotations
@@ -61,9 +69,11 @@ RESULTS_JSON = ROOT / "docs" / "results" / "vs_trl.json"
 RESULTS_PNG = ROOT / "docs" / "results" / "vs_trl.png"
 SFT_CACHE = ROOT / "runs" / "bench-vs-trl"  # warmed-up start models, made once and reused
 
-RUNS = ("trl", "cadence-sync", "cadence-async")
+RUNS = ("trl", "trl-cb", "cadence-sync", "cadence-async")
+DEFAULT_RUNS = ("trl", "cadence-sync", "cadence-async")
 LABELS = {
     "trl": "TRL GRPOTrainer",
+    "trl-cb": "TRL GRPOTrainer, continuous batching",
     "cadence-sync": "cadence sync (inline)",
     "cadence-async": "cadence async (ray, alpha=2)",
 }
@@ -221,7 +231,7 @@ def cadence_overrides(kind: str, setting: Setting, model: str, steps: int, run_d
     raise ValueError(f"not a cadence run: {kind!r}")
 
 
-def trl_settings(setting: Setting, steps: int, output_dir: str) -> dict[str, Any]:
+def trl_settings(setting: Setting, steps: int, output_dir: str, continuous: bool = False) -> dict[str, Any]:
     """GRPOConfig keyword arguments matched to cadence's defaults (see docs/vs_trl.md)."""
     from cadence.config import RunConfig
 
@@ -255,6 +265,9 @@ def trl_settings(setting: Setting, steps: int, output_dir: str) -> dict[str, Any
         "adam_beta2": defaults.trainer.betas[1],
         "max_grad_norm": defaults.trainer.grad_clip,
         "use_vllm": False,
+        # trl-cb: transformers' paged continuous batching (`generate_batch`) instead of one
+        # static `generate` call; the default is off.
+        "use_transformers_continuous_batching": continuous,
         "bf16": False,
         "fp16": False,
         "use_cpu": True,
@@ -280,7 +293,8 @@ def _pin(cpus: list[int]) -> None:
 
 
 def child_trl(
-    setting: Setting, model_path: str, steps: int, workdir: Path, threads: int, import_vllm: bool = False
+    setting: Setting, model_path: str, steps: int, workdir: Path, threads: int, import_vllm: bool = False,
+    continuous: bool = False,
 ) -> dict[str, Any]:
     if not import_vllm and "vllm" not in sys.modules:
         # TRL imports vLLM whenever it is installed, even with use_vllm=False (~200 MB of
@@ -336,7 +350,7 @@ def child_trl(
             clock["end"] = time.perf_counter()
 
     setup_wall = time.time()
-    settings = trl_settings(setting, steps, str(workdir / "trl-out"))
+    settings = trl_settings(setting, steps, str(workdir / "trl-out"), continuous)
     trainer = GRPOTrainer(
         model=str(start_dir),
         reward_funcs=make_trl_reward(cfg),
@@ -427,8 +441,8 @@ def run_child(
     _pin(cpus)
     threads = len(cpus)
     began = time.time()
-    if kind == "trl":
-        out = child_trl(setting, model, steps, workdir, threads, import_vllm)
+    if kind in ("trl", "trl-cb"):
+        out = child_trl(setting, model, steps, workdir, threads, import_vllm, continuous=kind == "trl-cb")
     else:
         out = child_cadence(kind, setting, model, steps, workdir, threads)
     t0 = time.perf_counter()
@@ -604,7 +618,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the setting's)")
     ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     ap.add_argument("--cpus", type=int, default=2, help="cores every run is pinned to (default 2)")
-    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    ap.add_argument(
+        "--runs", nargs="+", choices=RUNS, default=list(DEFAULT_RUNS),
+        help="default: trl cadence-sync cadence-async (trl-cb: TRL with continuous batching)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write json/png/md here instead of docs/")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
     ap.add_argument(
@@ -630,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         )
         return None
 
-    if "trl" in args.runs:
+    if {"trl", "trl-cb"} & set(args.runs):
         try:
             metadata.version("trl")
         except metadata.PackageNotFoundError:

@@ -163,7 +163,10 @@ def test_trl_settings_match_cadence(bench):
     assert s["scale_rewards"] == "group" and d.algorithm.std_normalize
     assert s["logging_steps"] == 1 and s["save_strategy"] == "no" and s["eval_strategy"] == "no"
     assert s["report_to"] == "none" and not s["use_vllm"] and not s["bf16"]
-    assert s["max_completion_length"] == 8
+    assert s["max_completion_length"] == 8 and s["use_transformers_continuous_batching"] is False
+    assert bench.trl_settings(bench.SETTINGS["arith"], 60, "/tmp/x", continuous=True)[
+        "use_transformers_continuous_batching"
+    ]
     assert bench.trl_settings(bench.SETTINGS["chain"], 30, "/tmp/x")["max_completion_length"] == 352
 
 
