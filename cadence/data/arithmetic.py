@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cadence.data.config import TaskConfig
 from cadence.data.tasks import (
@@ -31,7 +31,9 @@ from cadence.data.tasks import (
     Prompt,
     Split,
     check_split,
+    check_test_share,
     held_out_indices,
+    parse_task_options,
     stable_hash,
     train_indices,
 )
@@ -79,23 +81,13 @@ class ArithOptions(BaseModel):
 
 def parse_arith_options(kwargs: dict) -> ArithOptions:
     """Validate `task.kwargs` with messages that name the config path."""
-    try:
-        return ArithOptions(**kwargs)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"task.kwargs.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValueError(f"invalid 'arith' options: {problems}") from None
+    return parse_task_options(ArithOptions, kwargs, "arith")
 
 
 def check_arith_config(kwargs: dict, test_size: int) -> None:
     """Fail at load time if the options are invalid or leave too few training problems."""
-    options = parse_arith_options(kwargs)
-    if test_size > options.space // 2:
-        raise ValueError(
-            f"task.test_size={test_size} would hold out more than half of the "
-            f"{options.space} distinct 'arith' problems; lower it or raise task.kwargs.digits"
-        )
+    space = parse_arith_options(kwargs).space
+    check_test_share(test_size, space, "arith", "raise task.kwargs.digits")
 
 
 class ArithmeticTask:

@@ -17,11 +17,20 @@ what RL then improves.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cadence.data.arithmetic import TERMINATOR
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import Extract, Prompt, Split, check_split, held_out_indices, train_indices
+from cadence.data.tasks import (
+    Extract,
+    Prompt,
+    Split,
+    check_split,
+    check_test_share,
+    held_out_indices,
+    parse_task_options,
+    train_indices,
+)
 
 LIMIT = 100
 """The chain stops at the first running total >= LIMIT."""
@@ -49,23 +58,13 @@ class ChainOptions(BaseModel):
 
 def parse_chain_options(kwargs: dict) -> ChainOptions:
     """Validate `task.kwargs` with messages that name the config path."""
-    try:
-        return ChainOptions(**kwargs)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"task.kwargs.{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValueError(f"invalid 'chain' options: {problems}") from None
+    return parse_task_options(ChainOptions, kwargs, "chain")
 
 
 def check_chain_config(kwargs: dict, test_size: int) -> None:
     """Fail at load time if the options are invalid or leave too few training problems."""
-    options = parse_chain_options(kwargs)
-    if test_size > options.space // 2:
-        raise ValueError(
-            f"task.test_size={test_size} would hold out more than half of the {options.space} "
-            "distinct 'chain' problems; lower it or widen task.kwargs.step_min/step_max"
-        )
+    space = parse_chain_options(kwargs).space
+    check_test_share(test_size, space, "chain", "widen task.kwargs.step_min/step_max")
 
 
 def chain_answer(a: int, b: int) -> tuple[str, int]:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     from cadence.data.config import TaskConfig
 
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, ...] = ("train", "test")
 
@@ -118,3 +121,24 @@ def train_indices(key: str, space: int, n: int, seed: int, stream: str, held_out
         if index not in held_out:
             out.append(index)
     return out
+
+
+def parse_task_options(options_cls: type[OptionsT], kwargs: dict, task: str) -> OptionsT:
+    """Validate `task.kwargs` of a built-in task, with messages that name the config path."""
+    try:
+        return options_cls(**kwargs)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"task.kwargs.{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ValueError(f"invalid {task!r} options: {problems}") from None
+
+
+def check_test_share(test_size: int, space: int, task: str, fix: str) -> None:
+    """Fail if the test split would take more than half of a generated task's problems."""
+    if test_size > space // 2:
+        raise ValueError(
+            f"task.test_size={test_size} would hold out more than half of the {space} "
+            f"distinct {task!r} problems; lower it or {fix}"
+        )
