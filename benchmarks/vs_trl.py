@@ -85,6 +85,7 @@ MICRO_BATCH = 64  # cadence's default trainer.micro_batch_size; TRL's per-device
 TEST_PROMPTS = 200
 SEED = 0
 QUICK_STEPS = 3
+QUICK_SFT_STEPS = 30  # --quick: a token warm-up, made in the run's temp dir, never cached
 POLL_S = 0.2
 
 
@@ -119,7 +120,7 @@ def setting_config(setting: Setting, model: str) -> Any:
     return load_config(None, [f"model.path={model}", *setting.task])
 
 
-def prepare_model(setting: Setting, cache: Path = SFT_CACHE) -> str:
+def prepare_model(setting: Setting, cache: Path = SFT_CACHE, sft_overrides: Sequence[str] = ()) -> str:
     """The start model of `setting`: the built-in one, or its SFT warm-up (made once, then reused)."""
     if setting.sft_config is None:
         return "builtin"
@@ -128,7 +129,7 @@ def prepare_model(setting: Setting, cache: Path = SFT_CACHE) -> str:
         from cadence.recipes.sft import load_sft_config, sft
 
         print(f"[vs_trl] {setting.name}: warm-up SFT ({setting.sft_config}) -> {out}", flush=True)
-        sft(load_sft_config(str(ROOT / setting.sft_config), [f"output={out}"]))
+        sft(load_sft_config(str(ROOT / setting.sft_config), [*sft_overrides, f"output={out}"]))
     return str(out)
 
 
@@ -578,7 +579,10 @@ def run_setting(
     setting: Setting, steps: int, runs: Sequence[str], cpus: list[int], workdir: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The three runs of one setting, one after the other, and the start model's accuracy."""
-    model = prepare_model(setting)
+    if args.quick:  # a smoke test: a few SFT steps in the temp dir, leaving the real cache alone
+        model = prepare_model(setting, workdir / "sft-cache", [f"steps={QUICK_SFT_STEPS}"])
+    else:
+        model = prepare_model(setting)
     rows = []
     for kind in runs:
         print(f"[vs_trl] {setting.name} / {LABELS[kind]}: {steps} steps on cores {cpus} ...", flush=True)

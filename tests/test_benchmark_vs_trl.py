@@ -185,7 +185,8 @@ def test_chain_setting_gives_trl_cadences_chain_work(bench):
 
 
 def test_trl_settings_build_a_grpo_config(bench, tmp_path):
-    trl = pytest.importorskip("trl")
+    import trl  # a test dependency: these tests must not skip for want of it
+
     args = trl.GRPOConfig(**bench.trl_settings(bench.SETTINGS["arith"], 5, str(tmp_path)))
     assert args.steps_per_generation == 2 and args.generation_batch_size == 128
     assert args.gradient_checkpointing is False and args.bf16 is False
@@ -272,7 +273,6 @@ def test_write_outputs(bench, tmp_path):
 
 @pytest.mark.slow
 def test_quick_run_end_to_end(tmp_path):
-    pytest.importorskip("trl")
     def stamps() -> dict:  # this benchmark's files under docs/ (others may edit the rest)
         ours = [ROOT / "docs" / "vs_trl.md", *(ROOT / "docs" / "results").glob("vs_trl*")]
         return {p: p.stat().st_mtime_ns for p in ours if p.exists()}
@@ -280,7 +280,7 @@ def test_quick_run_end_to_end(tmp_path):
     before = stamps()
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--settings", "arith", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
         capture_output=True, text=True, timeout=1500, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -294,6 +294,11 @@ def test_quick_run_end_to_end(tmp_path):
     assert block["runs"][2]["max_processes"] > 2  # Ray's processes are in the tree
     assert results["versions"]["trl"] and results["machine"]["cpus_used"] == 2
     assert not block["runs"][0]["settings"]["vllm_imported"]
+    chain = results["settings"]["chain"]
+    assert [r["run"] for r in chain["runs"]] == ["trl", "cadence-sync", "cadence-async"]
+    assert chain["config"]["max_new_tokens"] == 352 and "runs/bench-vs-trl" not in chain["config"]["model"]
+    assert all(r["steps"] == 3 and r["ratios_to_trl"]["samples_per_s"] > 0 for r in chain["runs"])
     assert (out / "vs_trl.png").read_bytes()[:4] == b"\x89PNG"
-    assert "TRL GRPOTrainer" in (out / "vs_trl.md").read_text()
+    doc = (out / "vs_trl.md").read_text()
+    assert "TRL GRPOTrainer" in doc and "Setting `chain`" in doc and "Setting `arith`" in doc
     assert stamps() == before, "--quick wrote under docs/"
