@@ -36,7 +36,9 @@ from cadence.algo.rhythm import CreditMode, RhythmConfig
 #   grpo:   critic-free, group-normalised advantages.
 #   ppo:    one critic the size of the policy, GAE, plain PPO clip.
 #   asyppo: two mini-critics (a quarter of the policy each), GAE on their mean,
-#           uncertainty masks from their disagreement (SPEC section 2).
+#           uncertainty masks from their disagreement (SPEC section 2), and the
+#           paper's E[1/|o| sum_t ...]: a token mean per answer, then the mean
+#           over answers (seq-mean-token-mean).
 ALGORITHM_PRESETS: dict[str, dict] = {
     "grpo": {},
     "ppo": {
@@ -44,7 +46,12 @@ ALGORITHM_PRESETS: dict[str, dict] = {
         "advantage": "gae",
         "critic": {"num_critics": 1, "critic_fraction": 1.0, "adv_mask_low": 0.0, "entropy_mask_high": 0.0},
     },
-    "asyppo": {"loss": "ppo", "advantage": "gae", "critic": {"num_critics": 2, "critic_fraction": 0.25}},
+    "asyppo": {
+        "loss": "ppo",
+        "advantage": "gae",
+        "aggregation": "seq-mean-token-mean",
+        "critic": {"num_critics": 2, "critic_fraction": 0.25},
+    },
 }
 
 

@@ -64,3 +64,10 @@ def test_loss_presets_apply_only_to_unset_fields():
     # Round trip through a dict (YAML) keeps the resolved values.
     cfg = AlgorithmConfig(loss="dr_grpo", max_response_length=64)
     assert AlgorithmConfig(**cfg.model_dump()) == cfg
+
+
+def test_asyppo_preset_averages_per_answer_like_the_paper():
+    # E[ 1/|o| sum_t ... ]: token mean within an answer, then the mean over answers.
+    assert AlgorithmConfig(name="asyppo").aggregation == "seq-mean-token-mean"
+    assert AlgorithmConfig(name="asyppo", aggregation="token-mean").aggregation == "token-mean"
+    assert AlgorithmConfig(name="ppo").aggregation == "token-mean"
