@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -44,17 +44,20 @@ from transformers.cache_utils import DynamicLayer
 
 from cadence.inference.kv_cache import SlotKVCache
 from cadence.inference.sampling import sample, token_logprobs
-from cadence.inference.types import FinishReason, GenRequest, GenResult, run_to_completion
+from cadence.inference.types import (
+    FinishReason,
+    GenRequest,
+    GenResult,
+    InFlight,
+    cut_at_stop,
+    run_to_completion,
+)
 
 
 @dataclass
-class _Seq:
-    """A running request: what it has generated so far."""
+class _Seq(InFlight):
+    """A running request: what it has generated so far, and where it lives in the cache."""
 
-    req: GenRequest
-    version: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
     stop_window: int = 0  # how many trailing tokens can hold a stop string
     slot: int = -1  # its row in the KV cache
 
@@ -425,19 +428,8 @@ class EmbeddedEngine:
             tokens = tokens[:-1]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         if reason == "stop":
-            hits = [text.find(s) for s in seq.req.params.stop if s in text]
-            if hits:
-                text = text[: min(hits)]
-        return GenResult(
-            request_id=seq.req.request_id,
-            prompt_ids=list(seq.req.prompt_ids),
-            token_ids=list(seq.tokens),
-            logprobs=list(seq.logprobs),
-            finish_reason=reason,
-            text=text,
-            version=seq.version,
-            finish_version=self.version,
-        )
+            text = cut_at_stop(text, seq.req.params.stop)
+        return seq.result(reason, text, self.version)
 
     def _find(self, request_id: str) -> GenRequest | None:
         for req in self._waiting:

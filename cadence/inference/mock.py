@@ -33,24 +33,22 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from torch import Tensor
 
-from cadence.inference.types import FinishReason, GenRequest, GenResult, run_to_completion
+from cadence.inference.types import FinishReason, GenRequest, GenResult, InFlight, run_to_completion
 
 LengthDist = Literal["lognormal", "fixed"]
 
 
 @dataclass
-class _Seq:
-    req: GenRequest
-    version: int
-    length: int  # tokens this response will have
-    reason: FinishReason  # how it ends when it reaches `length`
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+class _Seq(InFlight):
+    """A simulated request: its length and ending are drawn when it is admitted."""
+
+    length: int = 0  # tokens this response will have
+    reason: FinishReason = "length"  # how it ends when it reaches `length`
 
 
 class MockEngine:
@@ -139,7 +137,7 @@ class MockEngine:
         cap = min(req.params.max_new_tokens, self.max_tokens or req.params.max_new_tokens)
         natural = cap + 1 if req.params.ignore_eos else self.sample_length()
         length, reason = (natural, "stop") if natural <= cap else (cap, "length")
-        seq = _Seq(req, self.version if req.version is None else req.version, length, reason)
+        seq = _Seq(req, self.version if req.version is None else req.version, length=length, reason=reason)
         self._waiting.append(seq)
 
     def step(self) -> list[GenResult]:
@@ -234,16 +232,8 @@ class MockEngine:
             time.sleep(seconds)
 
     def _result(self, seq: _Seq, reason: FinishReason) -> GenResult:
-        return GenResult(
-            request_id=seq.req.request_id,
-            prompt_ids=list(seq.req.prompt_ids),
-            token_ids=list(seq.tokens),
-            logprobs=list(seq.logprobs),
-            finish_reason=reason,
-            text=self.answer_fn(seq.req) if self.answer_fn is not None else "",
-            version=seq.version,
-            finish_version=self.version,
-        )
+        text = self.answer_fn(seq.req) if self.answer_fn is not None else ""
+        return seq.result(reason, text, self.version)
 
     def _find(self, request_id: str) -> _Seq | None:
         return next(

@@ -85,6 +85,38 @@ class GenResult:
     finish_version: int
 
 
+@dataclass
+class InFlight:
+    """A request an engine is generating: what it has produced so far, and how it turns into a result.
+
+    Each engine keeps its own bookkeeping beside these fields (a KV-cache
+    slot, a simulated length) in a subclass.
+    """
+
+    req: GenRequest
+    version: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def result(self, reason: FinishReason, text: str, finish_version: int) -> GenResult:
+        return GenResult(
+            request_id=self.req.request_id,
+            prompt_ids=list(self.req.prompt_ids),
+            token_ids=list(self.tokens),
+            logprobs=list(self.logprobs),
+            finish_reason=reason,
+            text=text,
+            version=self.version,
+            finish_version=finish_version,
+        )
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """`text` up to the earliest of the `stop` strings it holds (all of it when it holds none)."""
+    hits = [text.find(s) for s in stop if s in text]
+    return text[: min(hits)] if hits else text
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """One model replica that generates with continuous batching.

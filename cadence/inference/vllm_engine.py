@@ -51,7 +51,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from safetensors.torch import save_file
@@ -61,7 +61,9 @@ from cadence.inference.types import (
     FinishReason,
     GenRequest,
     GenResult,
+    InFlight,
     SamplingParams,
+    cut_at_stop,
     run_to_completion,
 )
 
@@ -86,11 +88,8 @@ def import_vllm() -> Any:
 
 
 @dataclass
-class _Seq:
-    req: GenRequest
-    version: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+class _Seq(InFlight):
+    """A request vLLM is generating, as this engine tracks it."""
 
 
 class VLLMEngine:
@@ -298,19 +297,8 @@ class VLLMEngine:
         text_tokens = seq.tokens[:-1] if eos_last and seq.tokens else seq.tokens
         text = self.tokenizer.decode(text_tokens, skip_special_tokens=True)
         if reason == "stop":
-            hits = [text.find(s) for s in seq.req.params.stop if s in text]
-            if hits:
-                text = text[: min(hits)]
-        return GenResult(
-            request_id=seq.req.request_id,
-            prompt_ids=list(seq.req.prompt_ids),
-            token_ids=list(seq.tokens),
-            logprobs=list(seq.logprobs),
-            finish_reason=reason,
-            text=text,
-            version=seq.version,
-            finish_version=self.version,
-        )
+            text = cut_at_stop(text, seq.req.params.stop)
+        return seq.result(reason, text, self.version)
 
 
 def _own_storage(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
