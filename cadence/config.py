@@ -46,7 +46,10 @@ class LengthSimulation(Section):
 class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0, description="Prompts (groups) in one training batch.")
     group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
-    max_new_tokens: int = Field(8, gt=0, description="Longest response, in tokens.")
+    max_new_tokens: int = Field(
+        8, gt=0, description="Longest response, in tokens. Unset with task.name=chain: the "
+        "task's longest worked answer (334 with the default options)."
+    )
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] | None = Field(None, description="Stop strings; None = the task's own.")
@@ -170,6 +173,7 @@ class RunConfig(Section):
     def _length_budget_defaults_to_generation_budget(cls, data: Any) -> Any:
         """Dr. GRPO divides by a constant length; unless told otherwise it is max_new_tokens."""
         if isinstance(data, dict):
+            data = _chain_answers_fit(data)
             algo = data.get("algorithm", {})
             if isinstance(algo, dict) and algo.get("max_response_length") is None:
                 rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
@@ -245,6 +249,25 @@ class RunConfig(Section):
 
     def run_dir(self) -> Path:
         return Path(self.logging.run_dir.format(name=self.logging.name))
+
+
+def _chain_answers_fit(data: dict) -> dict:
+    """With task.name=chain and no rollout.max_new_tokens, budget for the longest worked answer.
+
+    The general default (8 tokens) would cut almost every chain answer short and
+    score it 0, so the run would learn nothing; an explicit value is kept.
+    """
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+    if task.get("name") != "chain" or "max_new_tokens" in rollout:
+        return data
+    from cadence.data.chain import answer_budget
+
+    try:
+        budget = answer_budget(task.get("kwargs") or {})
+    except ValueError:  # bad options: TaskConfig reports them with their field names
+        return data
+    return {**data, "rollout": {**rollout, "max_new_tokens": budget}}
 
 
 class ConfigError(ValueError):

@@ -77,6 +77,16 @@ def chain_answer(a: int, b: int) -> tuple[str, int]:
     return ", ".join(steps) + TERMINATOR, total
 
 
+def answer_budget(kwargs: dict) -> int:
+    """Characters in the longest worked answer the options allow: a token budget that cuts none.
+
+    A token is at most one character for the built-in byte-level tokenizer, and
+    usually several for others, so this never truncates a gold answer.
+    """
+    step = parse_chain_options(kwargs).step_min
+    return max(len(chain_answer(a, step)[0]) for a in range(LIMIT))
+
+
 class AdditionChainTask:
     """Random "a+b=" chain problems; the test split is a fixed held-out sample."""
 

@@ -79,3 +79,14 @@ def test_length_buckets_group_similar_lengths():
     rows = [([0] * n, 1) for n in (9, 1, 5, 3, 7, 2)]
     buckets = length_buckets(rows, 4)
     assert [[len(ids) for ids, _ in b] for b in buckets] == [[1, 2, 3, 5], [7, 9]]
+
+
+def test_chain_gets_a_token_budget_that_fits_its_answers_unless_one_is_set():
+    cfg = load_config(None, ["task.name=chain"])
+    assert cfg.rollout.max_new_tokens == 334 == len(chain_answer(0, 3)[0])  # 0, 3, 6, ..., 102
+    assert cfg.algorithm.max_response_length == 334  # Dr. GRPO's constant follows it
+    assert load_config(None, ["task.name=chain", "task.kwargs.step_min=10"]).rollout.max_new_tokens == 94
+    assert load_config(None, ["task.name=chain", "rollout.max_new_tokens=16"]).rollout.max_new_tokens == 16
+    assert load_config(None, []).rollout.max_new_tokens == 8
+    with pytest.raises(Exception, match="task.kwargs.step_min"):
+        load_config(None, ["task.name=chain", "task.kwargs.step_min=0"])
