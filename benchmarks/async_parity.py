@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
-import time
+import sys
 from pathlib import Path
 
-from cadence.config import load_config
 from cadence.observe.report import write_doc_table
-from cadence.recipes.train_rlvr import train
+
+# The shared benchmark harness lives beside this script (benchmarks/ is not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "async.md"
@@ -40,16 +41,8 @@ COMMON = ["logging.progress=false", "logging.tensorboard=false", "checkpoint.eve
 
 def run(mode: str, seed: int, steps: int, test_size: int) -> dict:
     overrides = [*COMMON, *MODES[mode], f"seed={seed}", f"trainer.steps={steps}", f"task.test_size={test_size}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(None, [*overrides, f"logging.run_dir={tmp}"])
-        began = time.perf_counter()
-        summary = train(cfg)
-        wall = time.perf_counter() - began
-        records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
-    if cfg.runtime.kind == "ray":
-        import ray
-
-        ray.shutdown()
+    run = train_run(overrides)
+    summary, records, wall = run.summary, run.records, run.wall_s
     return {
         "mode": mode,
         "seed": seed,

@@ -38,7 +38,7 @@ import json
 import math
 import random
 import statistics
-import tempfile
+import sys
 import time
 from pathlib import Path
 
@@ -51,12 +51,15 @@ from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.report import write_doc_table
-from cadence.recipes.train_rlvr import train
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import RLVRRollout
 from cadence.runtime.split import beta_star, measured_split
+
+# The shared benchmark harness lives beside this script (benchmarks/ is not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "async.md"
@@ -91,16 +94,8 @@ SYNC = ("sync (inline, 2 threads)", "sync (ray, 1+1 cores)")
 
 
 def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(None, [*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}", f"logging.run_dir={tmp}"])
-        began = time.perf_counter()
-        summary = train(cfg)
-        wall = time.perf_counter() - began
-        rs = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
-    if cfg.runtime.kind == "ray":
-        import ray
-
-        ray.shutdown()
+    run = train_run([*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}"])
+    cfg, rs, wall = run.cfg, run.records, run.wall_s
     timed = rs[warmup:]
     seconds = sum(r["time/step"] for r in timed)
     samples = sum(r["progress/samples_total"] for r in timed[-1:]) - rs[warmup - 1]["progress/samples_total"]

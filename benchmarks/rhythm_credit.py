@@ -63,6 +63,7 @@ from cadence.recipes.train_rlvr import train
 # The scratchpad setting lives beside this script; running it as a script or loading it
 # from a file path (the tests) both find it.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu_model  # noqa: E402
 from rhythm_credit_report import (  # noqa: E402, F401 (TABLE_*: re-exported for the tests)
     TABLE_END,
     TABLE_START,
@@ -356,12 +357,7 @@ def draw_examples(scratchpad_model: str | None) -> list[str]:
 
 def machine() -> str:
     """CPU model and core count, Python and torch versions: timings mean little without them."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
         f"{cpu}, {cores} cores, Python {platform.python_version()}, "

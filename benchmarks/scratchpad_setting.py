@@ -68,12 +68,11 @@ def write_jsonl(path: Path, pairs: list[tuple[int, int]]) -> None:
 def scratchpad_sft(out: Path, steps: int, seed: int = 0) -> float:
     """Teach the built-in model the scratchpad format (with the carry slip); returns seconds.
 
-    Mirrors `cadence.recipes.sft.sft` (same optimiser, warm-up and decay), which
-    cannot be reused as is because it takes its examples from a task's
-    `sft_examples` and only "arith" has those.
+    Runs `cadence.recipes.sft.fit`, the loop of `cadence sft`, on examples
+    made here: the scratchpad format is not one of cadence's built-in tasks.
     """
     from cadence.models.loading import load_policy, load_tokenizer
-    from cadence.recipes.sft import encode_examples, make_batch
+    from cadence.recipes.sft import encode_examples, fit
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -85,21 +84,8 @@ def scratchpad_sft(out: Path, steps: int, seed: int = 0) -> float:
         pairs.append((f"{a:02d}+{b:02d}=", scratchpad(a, b, slip)))
     tokenizer, model = load_tokenizer("builtin"), load_policy("builtin")
     data = encode_examples(tokenizer, pairs)
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / steps)
-    )
     start = time.perf_counter()
-    for i in range(steps):
-        ids, attn, labels = make_batch(rng.sample(data, SFT_BATCH), tokenizer.pad_token_id)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (i + 1) % 100 == 0 or i + 1 == steps:
-            print(f"  sft step {i + 1}/{steps}: loss {loss.item():.3f}", flush=True)
+    fit(model, data, tokenizer.pad_token_id, rng, steps=steps, lr=SFT_LR, batch_size=SFT_BATCH)
     seconds = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out)

@@ -59,6 +59,7 @@ from typing import Any
 # The memory sampler, the settings and the report live beside this script (not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psutil  # noqa: E402
+from harness import cpu_model, train_run  # noqa: E402
 from proctree import MemorySample, SampledRun, kill_tree, run_sampled, tree_memory  # noqa: E402, F401
 from vs_trl_report import add_ratios, markdown_table, write_outputs  # noqa: E402, F401
 from vs_trl_work import (  # noqa: E402, F401 (re-exported for the tests)
@@ -201,22 +202,12 @@ def child_cadence(kind: str, setting: Setting, model: str, steps: int, workdir: 
     """Train with `cadence.recipes.train_rlvr.train` in this process (and Ray's, for async)."""
     import torch
 
-    from cadence.config import load_config
-    from cadence.observe.metrics import read_jsonl
-    from cadence.recipes.train_rlvr import train
     from cadence.train.checkpoint import latest_checkpoint
 
-    overrides = cadence_overrides(kind, setting, model, steps, str(workdir / "run"), cpus)
-    cfg = load_config(None, overrides)
-    setup_wall = time.time()
-    summary = train(cfg)
-    train_end_wall = time.time()
-    threads = torch.get_num_threads()
-    if cfg.runtime.kind == "ray":
-        import ray
-
-        ray.shutdown()
-    records = read_jsonl(summary.run_dir / "metrics.jsonl")
+    run_dir = str(workdir / "run")
+    overrides = cadence_overrides(kind, setting, model, steps, run_dir, cpus)
+    run = train_run(overrides, run_dir)
+    summary, records = run.summary, run.records
     curve, t = [], 0.0
     for r in records:
         t += r["time/step"]
@@ -237,9 +228,9 @@ def child_cadence(kind: str, setting: Setting, model: str, steps: int, workdir: 
         "samples": int(records[-1]["progress/samples_total"]) if records else 0,
         "completion_tokens": sum(c["tokens"] for c in curve),
         "curve": curve,
-        "phase_wall": [setup_wall, train_end_wall],
+        "phase_wall": [run.began, run.ended],
         "final_model": str(found[1]),
-        "torch_threads": threads,
+        "torch_threads": torch.get_num_threads(),
         "stale_groups_dropped": records[-1].get("buffer/dropped_groups", 0.0) if records else 0.0,
         "staleness_max": max((r.get("train/staleness_max", 0.0) for r in records), default=0.0),
         "settings": {"overrides": overrides},
@@ -359,19 +350,11 @@ def versions() -> dict[str, str | None]:
 
 
 def machine(cpus: list[int]) -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "cpu_count": os.cpu_count(),
         "cpus_used": len(cpus),
         "cpu_list": cpus,
-        "cpu_model": model,
+        "cpu_model": cpu_model(),
         "memory_bytes": psutil.virtual_memory().total,
         "platform": platform.platform(),
         "loadavg_before": list(os.getloadavg()),

@@ -91,6 +91,38 @@ def make_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Te
     return ids, attn, labels
 
 
+def fit(
+    model: torch.nn.Module,
+    data: list[tuple[list[int], int]],
+    pad_id: int,
+    rng: random.Random,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    group_by_length: bool = False,
+) -> None:
+    """The warm-up loop: AdamW, 20 warm-up steps then linear decay to 0, gradient clip 1.0.
+
+    Batches are drawn with `rng`: uniformly, or (`group_by_length`) a bucket of
+    neighbours in length.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / steps))
+    buckets = length_buckets(data, batch_size) if group_by_length else None
+    bar = tqdm(range(steps), desc="sft", dynamic_ncols=True)
+    for _ in bar:
+        rows = rng.choice(buckets) if buckets else rng.sample(data, batch_size)
+        ids, attn, labels = make_batch(rows, pad_id)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+
+
 def sft(cfg: SFTConfig) -> Path:
     configure_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -105,22 +137,11 @@ def sft(cfg: SFTConfig) -> Path:
     if not hasattr(task, "sft_examples"):
         raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
     data = encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
-    rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * (1 - i / cfg.steps))
     start = time.perf_counter()
-    buckets = length_buckets(data, cfg.batch_size) if cfg.group_by_length else None
-    bar = tqdm(range(cfg.steps), desc="sft", dynamic_ncols=True)
-    for _ in bar:
-        rows = rng.choice(buckets) if buckets else rng.sample(data, cfg.batch_size)
-        ids, attn, labels = make_batch(rows, tokenizer.pad_token_id)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+    fit(
+        model, data, tokenizer.pad_token_id, random.Random(cfg.seed),
+        steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, group_by_length=cfg.group_by_length,
+    )
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out)

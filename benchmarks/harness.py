@@ -1,0 +1,57 @@
+"""What the benchmarks share: train one config in this process and read its metrics; name the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainedRun:
+    """One `cadence train` run: its config, summary, per-step metrics and clocks."""
+
+    cfg: Any  # cadence.config.RunConfig
+    summary: Any  # cadence.recipes.train_rlvr.RunSummary
+    records: list[dict[str, Any]]  # metrics.jsonl, one dict per step
+    wall_s: float  # train() in this process, start-up and evaluations included
+    began: float  # time.time() when train() was called
+    ended: float  # time.time() when it returned
+
+
+def train_run(overrides: list[str], run_dir: str | None = None) -> TrainedRun:
+    """Train with `overrides` and read the metrics; Ray, when the run started it, is shut down after.
+
+    Without `run_dir` the run writes to a temporary folder, removed once its
+    metrics are read (so `summary.run_dir` no longer exists afterwards).
+    """
+    from cadence.config import load_config
+    from cadence.observe.metrics import read_jsonl
+    from cadence.recipes.train_rlvr import train
+
+    with contextlib.ExitStack() as stack:
+        where = run_dir or stack.enter_context(tempfile.TemporaryDirectory())
+        cfg = load_config(None, [*overrides, f"logging.run_dir={where}"])
+        began, t0 = time.time(), time.perf_counter()
+        summary = train(cfg)
+        wall_s, ended = time.perf_counter() - t0, time.time()
+        records = read_jsonl(summary.run_dir / "metrics.jsonl")
+    if cfg.runtime.kind == "ray":
+        import ray
+
+        ray.shutdown()
+    return TrainedRun(cfg, summary, records, wall_s, began, ended)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or what `platform` knows elsewhere."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return model
