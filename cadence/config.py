@@ -153,6 +153,10 @@ class EvalConfig(Section):
     after: bool = Field(True, description="Evaluate held-out accuracy after training.")
     samples: int = Field(1, gt=0, description="Samples per prompt (k of pass@k).")
     temperature: float = Field(0.0, ge=0, description="0 = greedy pass@1.")
+    every: int = Field(
+        0, ge=0, description="Also evaluate every N training steps, logged as eval/pass@1 etc. at "
+        "that step (metrics.jsonl, TensorBoard); 0 = only before and after training."
+    )
 
 
 class RunConfig(Section):
@@ -281,7 +285,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key.strip():
         raise ConfigError(f"override {text!r} has an empty key")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML; quote it") from None
+    return key.strip().split("."), value
 
 
 def apply_override(tree: dict, path: list[str], value: Any) -> None:
@@ -321,14 +329,7 @@ def _suggest(loc: tuple, schema: type[BaseModel]) -> str:
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML (optional), apply dotted overrides, validate everything."""
-    tree: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        tree = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    tree: dict = read_yaml(path) if path is not None else {}
     for text in overrides or []:
         apply_override(tree, *parse_override(text))
     try:
@@ -339,6 +340,27 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     return cfg
 
 
+def read_yaml(path: str | os.PathLike) -> dict:
+    """A config file's top-level mapping, or a one-line `ConfigError` saying what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a folder; --config takes a YAML file")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not a text (UTF-8) file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {where}: invalid YAML ({problem})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level (key: value lines)")
+    return tree
+
+
 def check_paths(cfg: RunConfig) -> None:
     """File-system checks that pydantic cannot do alone; still cheap."""
     from cadence.models.loading import model_path_problem
@@ -346,6 +368,23 @@ def check_paths(cfg: RunConfig) -> None:
     problem = model_path_problem(cfg.model.path)
     if problem:
         raise ConfigError(f"invalid config:\n  model.path: {problem}")
+    check_data(cfg.task)
+
+
+def check_data(task: TaskConfig) -> None:
+    """Read the task's data files now, so a bad line is reported before any model loads.
+
+    JSONL files are read in full (a bad line anywhere names its file and line);
+    a few MB take well under a second, much less than loading a model.
+    """
+    if task.name != "jsonl":
+        return
+    from cadence.data.jsonl import JsonlError, JsonlTask
+
+    try:
+        JsonlTask.from_config(task)
+    except JsonlError as err:
+        raise ConfigError(f"invalid task data: {err}") from None
 
 
 def dump_config(cfg: RunConfig) -> str:
