@@ -6,12 +6,13 @@ Every command takes an optional YAML file and `key.sub=value` overrides, e.g.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Annotated
 
 import typer
 
-from cadence.config import ConfigError, load_config
+from cadence.config import ConfigError, RunConfig, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="cadence: RL post-training for LLMs.")
 
@@ -24,36 +25,93 @@ def _fail(err: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _note(text: str) -> None:
+    typer.secho(f"note: {text}", fg=typer.colors.YELLOW, err=True)
+
+
+def eval_notes(cfg: RunConfig) -> list[str]:
+    """Settings that are valid but do not do what they look like they do."""
+    notes = []
+    k = cfg.eval.samples
+    if k > 1 and cfg.eval.temperature == 0:
+        notes.append(
+            f"eval.samples={k} at eval.temperature=0 repeats one greedy answer {k} times, so "
+            f"pass@{k} = pass@1; set eval.temperature=1.0 for a real pass@{k}"
+        )
+    return notes
+
+
+def _resume_command() -> str:
+    """The command line that continues this run: the same arguments, plus --resume."""
+    args = sys.argv[1:]
+    return shlex.join(["cadence", *args, *([] if "--resume" in args else ["--resume"])])
+
+
 @app.command()
 def train(
     overrides: Overrides = None,
     config: ConfigOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
+    allow_change: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-change",
+            help="With --resume: config fields that may differ from the checkpoint's (comma-separated, "
+            "e.g. trainer.steps,trainer.lr; a section name allows all its fields). Recorded in "
+            "the run folder's resume_changes.yaml.",
+        ),
+    ] = None,
 ) -> None:
     """Train a policy with RL on verifiable rewards (default: built-in model, arithmetic)."""
+    from cadence.train.resume import split_allow
+
+    if allow_change and not resume:
+        _fail(ConfigError("--allow-change only applies with --resume"))
     try:
         cfg = load_config(config, overrides)
     except ConfigError as err:
         _fail(err)
+    for note in eval_notes(cfg):
+        _note(note)
+    from cadence.recipes.train_rlvr import TrainingInterrupted
     from cadence.recipes.train_rlvr import train as run_train
 
     try:
-        run_train(cfg, resume=resume)
+        run_train(cfg, resume=resume, allow_change=split_allow(allow_change))
     except ConfigError as err:
         _fail(err)
+    except TrainingInterrupted as stop:
+        if stop.checkpoint is None:
+            saved = f"no checkpoint yet (checkpoint.every={cfg.checkpoint.every})"
+        else:
+            saved = f"checkpoint {stop.checkpoint[1]} (step {stop.checkpoint[0]})"
+        typer.secho(
+            f"interrupted after step {stop.step}; saved: {saved}, metrics to step {stop.step} in "
+            f"{stop.run_dir / 'metrics.jsonl'}. Continue with: {_resume_command()}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(130) from None
 
 
 @app.command()
-def sft(overrides: Overrides = None, config: ConfigOpt = None) -> None:
+def sft(
+    overrides: Overrides = None,
+    config: ConfigOpt = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a model already in the output folder.")
+    ] = False,
+) -> None:
     """Supervised warm-up on a task's synthetic examples (made the built-in model)."""
-    from cadence.recipes.sft import load_sft_config
+    from cadence.recipes.sft import check_output, load_sft_config
     from cadence.recipes.sft import sft as run_sft
 
     try:
         cfg = load_sft_config(config, overrides or [])
+        check_output(cfg, overwrite)
+        run_sft(cfg)
     except ConfigError as err:
         _fail(err)
-    run_sft(cfg)
 
 
 @app.command("eval")
@@ -67,11 +125,17 @@ def eval_(
         cfg = load_config(config, [*(overrides or []), f"model.path={checkpoint}"])
     except ConfigError as err:
         _fail(err)
+    for note in eval_notes(cfg):
+        _note(note)
     from cadence.recipes.evaluate import run_eval
 
-    result = run_eval(cfg)
+    try:
+        result = run_eval(cfg)
+    except ConfigError as err:
+        _fail(err)
+    at_k = f"  pass@{result.k} {result.pass_at_k:.3f}" if result.k > 1 else ""
     typer.echo(
-        f"{checkpoint}: pass@1 {result.pass_at_1:.3f}  pass@{result.k} {result.pass_at_k:.3f}  "
+        f"{checkpoint}: pass@1 {result.pass_at_1:.3f}{at_k}  "
         f"mean reward {result.mean_reward:.3f}  ({result.prompts} held-out prompts)"
     )
 

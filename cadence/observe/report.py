@@ -10,29 +10,39 @@ from rich.table import Table
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("reward/mean", "reward/accuracy")) -> Path:
-    """Reward (and accuracy) against training step, with a moving average."""
+    """Training reward and accuracy against step (raw and moving average), and held-out
+    pass@1 (`eval/pass@1`: before training at step 0, every `eval.every` steps, after)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    series = {key: [(r["step"], r[key]) for r in records if key in r] for key in keys}
     for key in keys:
-        points = [(r["step"], r[key]) for r in records if key in r]
-        if key != keys[0] and points == [(r["step"], r[keys[0]]) for r in records if keys[0] in r]:
-            continue  # binary rewards: accuracy is the mean reward, one line says it
+        points = series[key]
         if not points:
             continue
+        label = key
+        same = [k for k in keys if k != key and series[k] == points]
+        if same and keys.index(same[0]) < keys.index(key):
+            continue  # drawn already under the first key's name
+        if same:  # binary rewards: accuracy is the mean reward; one line, both names
+            label = " = ".join([key, *same])
         steps, values = zip(*points, strict=True)
-        ax.plot(steps, values, alpha=0.3, linewidth=1)
+        line = ax.plot(steps, values, alpha=0.3, linewidth=1)[0]
         window = max(1, len(values) // 20)
         smooth = [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
-        ax.plot(steps, smooth, linewidth=2, label=f"{key} (moving avg {window})")
+        ax.plot(steps, smooth, linewidth=2, color=line.get_color(), label=f"{label} (training batch, moving avg {window})")
+    held_out = [(r["step"], r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
+    if held_out:
+        steps, values = zip(*held_out, strict=True)
+        ax.plot(steps, values, "o-", color="black", linewidth=1.5, markersize=4, label="held-out pass@1")
     ax.set_xlabel("training step")
-    ax.set_ylabel("training batch value")
-    ax.set_title("cadence: reward during training")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title("cadence: reward and accuracy during training")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

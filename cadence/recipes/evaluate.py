@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 from cadence.config import RunConfig
 from cadence.data.tasks import build_task
 from cadence.inference.config import build_engine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
+from cadence.observe.reward_errors import RewardFunctionError, describe_failure, reward_broken
 from cadence.rewards.guard import RewardGuard
 from cadence.rewards.verifiers import build_reward
 from cadence.rollout.evaluate import EvalResult, evaluate
@@ -22,6 +25,13 @@ def run_eval(cfg: RunConfig) -> EvalResult:
     stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
     try:
-        return evaluate(engine, tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
+        result = evaluate(engine, tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
+        stats = reward.stats()
     finally:
         reward.close()
+    for kind, first in stats["first_failures"].items():
+        print(describe_failure(kind, first, 0), file=sys.stderr)
+    problem = reward_broken(stats, "on the held-out prompts")
+    if problem:
+        raise RewardFunctionError(problem)
+    return result

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
-from cadence.config import ConfigError, _explain, apply_override, parse_override
+from cadence.config import ConfigError, _explain, apply_override, parse_override, read_yaml
 from cadence.data.config import TaskConfig
 from cadence.data.tasks import build_task
 from cadence.models.loading import load_policy, load_tokenizer
@@ -54,13 +54,25 @@ class SFTConfig(BaseModel):
 
 
 def load_sft_config(path: str | None, overrides: list[str]) -> SFTConfig:
-    tree = yaml.safe_load(Path(path).read_text()) if path else {}
+    tree = read_yaml(path) if path else {}
     for text in overrides:
         apply_override(tree, *parse_override(text))
     try:
         return SFTConfig.model_validate(tree or {})
     except ValidationError as err:
         raise ConfigError(_explain(err, SFTConfig)) from None
+
+
+def check_output(cfg: SFTConfig, overwrite: bool) -> None:
+    """The rule `cadence train` follows too: results already on disk are never replaced silently."""
+    out = Path(cfg.output)
+    if out.is_file():
+        raise ConfigError(f"output: {out} is a file; set output=<a folder>")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"output: {out} already holds files (a model?); set output=<new folder>, or pass "
+            "--overwrite to replace it"
+        )
 
 
 def encode_examples(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
@@ -126,6 +138,9 @@ def fit(
 def sft(cfg: SFTConfig) -> Path:
     configure_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    task = build_task(cfg.task)  # data problems show before a model loads
+    if not hasattr(task, "sft_examples"):
+        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
     if cfg.model.path:
         tokenizer, model = load_tokenizer(cfg.model.path), load_policy(cfg.model.path)
     else:
@@ -133,9 +148,6 @@ def sft(cfg: SFTConfig) -> Path:
         model = tiny_model(
             cfg.model.arch, cfg.seed, hidden_size=cfg.model.hidden_size, layers=cfg.model.layers, heads=cfg.model.heads
         ).train()
-    task = build_task(cfg.task)
-    if not hasattr(task, "sft_examples"):
-        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
     data = encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
     start = time.perf_counter()
     fit(

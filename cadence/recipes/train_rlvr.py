@@ -7,8 +7,10 @@ ratio 0: the buffer then only hands out groups of the current policy version.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +20,7 @@ from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.report import plot_curves, print_summary
+from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
@@ -25,6 +28,7 @@ from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble, RemoteCritics
+from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
 from cadence.train.trainer import PolicyTrainer
 
 
@@ -37,22 +41,54 @@ class RunSummary:
     eval_after: EvalResult | None
 
 
-def prepare_run_dir(cfg: RunConfig, resume: bool) -> Path:
+class TrainingInterrupted(Exception):
+    """Ctrl-C during `train`: where the run got to and what is on disk to resume from."""
+
+    def __init__(self, run_dir: Path, step: int, checkpoint: tuple[int, Path] | None) -> None:
+        super().__init__(f"interrupted at step {step}")
+        self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
+
+
+def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None = None) -> Path:
+    """The run folder, checked before anything loads: a fresh run never overwrites checkpoints,
+    and a resumed one keeps its config unless the changed fields are allowed (then recorded)."""
     run_dir = cfg.run_dir()
-    if run_dir.exists() and latest_checkpoint(run_dir) and not resume:
+    found = latest_checkpoint(run_dir) if run_dir.exists() else None
+    if found and not resume:
         raise ConfigError(
             f"{run_dir} already holds checkpoints; pass --resume to continue it, or set "
             "logging.name=<new name> for a fresh run"
         )
+    if found:
+        step, path = found
+        saved = saved_config(path, run_dir)
+        if saved is not None:
+            changes = check_resume_config(saved, cfg.model_dump(mode="json"), allow_change or [], str(path))
+            if changes:
+                record_changes(run_dir, step, changes)
+        return run_dir  # config.yaml stays the config the run started with
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     return run_dir
 
 
-def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
+def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None = None) -> RunSummary:
     torch.manual_seed(cfg.seed)
-    run_dir = prepare_run_dir(cfg, resume)
-    workers = WorkerGroup(cfg)  # engines, rewards and prompts: in-process or Ray actors
+    run_dir = prepare_run_dir(cfg, resume, allow_change)
+    progress = {"step": 0}  # the last step finished, for the Ctrl-C message
+    workers = None
+    try:
+        workers = WorkerGroup(cfg)  # engines, rewards and prompts: in-process or Ray actors
+        return _train(cfg, run_dir, workers, resume, progress)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(run_dir, progress["step"], latest_checkpoint(run_dir)) from None
+    finally:
+        if workers is not None:
+            with contextlib.suppress(Exception):  # never hide the error that got us here
+                workers.close()
+
+
+def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, progress: dict) -> RunSummary:
     threads = configure_threads(trainer_threads(cfg))
 
     tokenizer = load_tokenizer(cfg.model.path)
@@ -81,7 +117,8 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     )
 
     start_step, counters = 0, {"samples": 0, "tokens": 0}
-    eval_before = None
+    eval_before = eval_after = None
+    reward_errors = RewardErrorReport(run_dir)
     if state is not None:
         start_step = state["step"]
         trainer.load_state_dict(state["trainer"])
@@ -94,6 +131,8 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
     elif cfg.eval.before:
         eval_before = workers.evaluate(cfg.eval.samples)
         print(f"held-out pass@1 before training: {eval_before.pass_at_1:.3f}")
+        _check_rewards(workers, reward_errors, 0)
+    progress["step"] = start_step
 
     logger = MetricsLogger(
         run_dir,
@@ -104,6 +143,8 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
         mlflow=cfg.logging.mlflow,
         name=cfg.logging.name,
     )
+    if eval_before is not None and start_step == 0:
+        logger.log(0, eval_before.as_metrics())  # step 0: the policy before any update
     workers.start()
     began = time.perf_counter()
     bar = tqdm(
@@ -151,10 +192,16 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
                 **workers.metrics(),
             }
         )
+        last = step == cfg.trainer.steps
+        if (cfg.eval.every and step % cfg.eval.every == 0) or (last and cfg.eval.after):
+            evaluated = workers.evaluate(cfg.eval.samples)
+            metrics.update(evaluated.as_metrics())
+            eval_after = evaluated if last else None
+        if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
+            _check_rewards(workers, reward_errors, step)
         logger.log(step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
 
-        last = step == cfg.trainer.steps
         if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
             save_checkpoint(
                 run_dir,
@@ -168,14 +215,16 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
                     "eval_before": eval_before,
                 },
                 keep=cfg.checkpoint.keep,
+                files={CONFIG_FILE: dump_config(cfg)},
             )
+        progress["step"] = step
     bar.close()
-    logger.close()
     seconds = time.perf_counter() - began
     rollout_metrics = workers.metrics()
-    workers.stop()  # no more training rollouts; the engines stay up for the final evaluation
-    eval_after = workers.evaluate(cfg.eval.samples) if cfg.eval.after else None
-    workers.close()
+    workers.stop()  # no more training rollouts
+    if cfg.eval.after and eval_after is None:  # resumed after the last step: nothing ran
+        eval_after = workers.evaluate(cfg.eval.samples)
+    logger.close()
     records = read_jsonl(run_dir / "metrics.jsonl")
     if records:
         plot_curves(records, run_dir / "reward_curve.png")
@@ -183,7 +232,35 @@ def train(cfg: RunConfig, resume: bool = False) -> RunSummary:
         records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
     )
     _print_summary(cfg, run_dir, seconds, counters, eval_before, eval_after, threads, rollout_metrics, split)
-    return RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
+    summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
+    write_summary(summary, counters, rollout_metrics)
+    return summary
+
+
+def _check_rewards(workers: WorkerGroup, report: RewardErrorReport, step: int) -> None:
+    """Show new kinds of reward failure; stop a run whose reward function (nearly) always fails."""
+    state = workers.reward_report()
+    report.update(state, step)
+    report.check(state, step)
+
+
+def write_summary(summary: RunSummary, counters: dict, rollout: dict) -> Path:
+    """`<run>/summary.json`: the numbers of the summary table, for scripts and docs."""
+    before, after = summary.eval_before, summary.eval_after
+    data = {
+        "steps": summary.steps,
+        "seconds": round(summary.seconds, 3),
+        "samples_trained": counters["samples"],
+        "tokens_generated": counters["tokens"],
+        "reward_errors": int(rollout.get("rollout/reward_errors_total", 0)),
+        "stale_groups_dropped": int(rollout.get("buffer/dropped_groups", 0)),
+        "eval_before": asdict(before) if before is not None else None,
+        "eval_after": asdict(after) if after is not None else None,
+        "pass_at_1_change": after.pass_at_1 - before.pass_at_1 if before and after else None,
+    }
+    path = summary.run_dir / "summary.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
 
 
 def _resume_state(run_dir: Path) -> dict | None:

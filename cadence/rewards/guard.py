@@ -38,6 +38,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 MAX_BATCH = 64  # pairs per message to one worker
 FLUSH_S = 0.005  # a worker in a slow batch sends finished results at least this often
 _MAX_MESSAGE = 500  # characters of an error message kept
+_MAX_TRACEBACK = 4000  # characters of a first failure's traceback kept
 
 
 @dataclass(frozen=True)
@@ -84,24 +86,34 @@ def _describe(exc: BaseException) -> str:
 
 
 def _call(
-    fn: RewardFn, prompt: Prompt, response: str
-) -> tuple[float, str | None, str | None, float]:
-    """(reward, error kind, error message, seconds) for one pair, never raising."""
+    fn: RewardFn, prompt: Prompt, response: str, seen: set[str] | None = None
+) -> tuple[float, str | None, str | None, float, str | None]:
+    """(reward, error kind, error message, seconds, traceback) for one pair, never raising.
+
+    The traceback comes with the first exception of each kind (tracked in `seen`),
+    so a user can see where their function failed without every pair paying for it.
+    """
     start = time.perf_counter()
     try:
         value = fn(prompt, response)
     except (Exception, SystemExit) as exc:
-        return 0.0, type(exc).__name__, _describe(exc), time.perf_counter() - start
+        kind = type(exc).__name__
+        tb = None
+        if seen is None or kind not in seen:
+            tb = traceback.format_exc()[-_MAX_TRACEBACK:]
+            if seen is not None:
+                seen.add(kind)
+        return 0.0, kind, _describe(exc), time.perf_counter() - start, tb
     seconds = time.perf_counter() - start
     try:
         if value is None or isinstance(value, str | bytes):
             raise TypeError
         reward = float(value)
     except Exception:
-        return 0.0, "NonNumericReward", f"reward function returned {type(value).__name__}", seconds
+        return 0.0, "NonNumericReward", f"reward function returned {type(value).__name__}", seconds, None
     if not math.isfinite(reward):
-        return 0.0, "NonFiniteReward", f"reward function returned {reward}", seconds
-    return reward, None, None, seconds
+        return 0.0, "NonFiniteReward", f"reward function returned {reward}", seconds, None
+    return reward, None, None, seconds, None
 
 
 def _worker_main(conn: Connection, fn: RewardFn, progress: Any) -> None:
@@ -111,6 +123,7 @@ def _worker_main(conn: Connection, fn: RewardFn, progress: Any) -> None:
     pair being scored, written before each call so the parent can time it.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    seen: set[str] = set()  # exception kinds whose traceback was sent already
     os.setpgrp()  # so a timeout kill also takes any processes the function started
     _die_with_parent()
     while True:
@@ -125,7 +138,7 @@ def _worker_main(conn: Connection, fn: RewardFn, progress: Any) -> None:
         for index, (prompt, response) in enumerate(batch):
             progress[1] = time.monotonic()
             progress[0] = index
-            results.append(_call(fn, prompt, response))
+            results.append(_call(fn, prompt, response, seen))
             if time.monotonic() - flushed >= FLUSH_S:
                 conn.send(results)
                 results, flushed = [], time.monotonic()
@@ -194,6 +207,7 @@ class RewardGuard:
         self._seconds_total = 0.0
         self._error_types: Counter[str] = Counter()
         self._last_error: str | None = None
+        self._first_failures: dict[str, dict[str, str | None]] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -267,6 +281,7 @@ class RewardGuard:
                 "error_types": dict(self._error_types),
                 "timeouts": self._timeouts,
                 "last_error": self._last_error,
+                "first_failures": {k: dict(v) for k, v in self._first_failures.items()},
                 "mean_seconds": self._seconds_total / self._calls if self._calls else 0.0,
                 "restarts": self._restarts,
                 "pending": self._submitted - self._calls - self._cancelled,
@@ -432,8 +447,9 @@ class RewardGuard:
             self._restarts += 1
             self._pending.extendleft(reversed(requeue))
 
-    def _finish(self, job: _Job, result: tuple[float, str | None, str | None, float]) -> None:
-        reward, kind, message, seconds = result
+    def _finish(self, job: _Job, result: tuple) -> None:
+        reward, kind, message, seconds = result[:4]
+        tb = result[4] if len(result) > 4 else None
         with self._lock:
             self._calls += 1
             self._seconds_total += seconds
@@ -441,6 +457,13 @@ class RewardGuard:
                 self._error_types[kind] += 1
             if message is not None:
                 self._last_error = message
+                first = self._first_failures.setdefault(
+                    kind or "Timeout",
+                    {"message": message, "traceback": tb, "prompt": str(getattr(job.prompt, "text", job.prompt))[:300],
+                     "response": job.response[:300]},
+                )
+                if first["traceback"] is None and tb is not None:  # a restarted worker's first
+                    first["traceback"] = tb
         job.future.set_result(RewardOutcome(reward, message, seconds))
 
     def _shutdown(self) -> None:

@@ -99,6 +99,16 @@ class WorkerGroup:
                 merged[k] /= len(parts)  # fractions average; counts add up
         return merged
 
+    def reward_report(self) -> dict[str, Any]:
+        """Reward counters summed over workers; the first failure of each kind from any of them."""
+        merged: dict[str, Any] = {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
+        for part in self._call("reward_report"):
+            for key in ("calls", "errors", "timeouts"):
+                merged[key] += part[key]
+            for kind, first in part["first_failures"].items():
+                merged["first_failures"].setdefault(kind, first)
+        return merged
+
     def state_dict(self) -> list[dict]:
         return self._call("state_dict")
 

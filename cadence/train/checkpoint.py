@@ -2,8 +2,11 @@
 
 Layout of `<run>/checkpoints/step_N/`:
   config.json, model.safetensors, tokenizer files  -> `from_pretrained` loads it
-  trainer_state.pt  -> optimizer, scheduler, version, RNG states, data cursor,
-                       counters (samples seen), and the step number
+  trainer_state.pt  -> optimizer, scheduler, version, RNG states (torch, python,
+                       numpy, and each rollout engine's sampling generator),
+                       data cursor, counters (samples seen), and the step number
+  run_config.yaml   -> the config this checkpoint was trained under (what
+                       `--resume` compares the new config with)
 A checkpoint is written to `step_N.tmp` and renamed when complete, so a kill
 during the save never leaves a half checkpoint that resume would pick.
 """
@@ -60,7 +63,9 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     keep: int,
+    files: dict[str, str] | None = None,
 ) -> Path:
+    """Write `step_N` atomically: weights, tokenizer, `trainer_state.pt` and text `files`."""
     final = checkpoint_dir(run_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -68,6 +73,8 @@ def save_checkpoint(
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save({"step": step, "rng": rng_state(), **state}, tmp / STATE_FILE)
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for _, old in list_checkpoints(run_dir)[:-keep]:
