@@ -27,6 +27,21 @@ Rows are sampled in admission order whatever slot they sit in, so seeded
 sampling draws the same random numbers as a batch that appends new rows and
 deletes finished ones.
 
+A weight update with requests in flight (interruptible generation) keeps
+their tokens and start version but recomputes their cache: one batched
+prefill of every running row's prompt + response so far under the new
+weights (as vLLM does by preempting them). A cache mixing old-weight keys
+with new-weight queries is a state no trainer forward reproduces, so the
+log-prob of a later token would be no policy's probability of it; after the
+recompute it is exactly the new policy's on the full context. Tokens sampled
+before the swap keep the old policy's log-probs: that policy sampled them.
+
+Log-probs (mu, the behaviour policy the trainer's importance ratios divide
+by): log_softmax(logits / T)[token] over the full vocabulary, T the request's
+temperature (1 for greedy), also with top_p < 1: the nucleus decides which
+tokens can be drawn, not what their log-probs mean, so a synchronous run has
+pi_old / mu = 1 on the trainer's side, which computes the same quantity.
+
 The cache holds every token except each row's last sampled one, which is the
 next step's input.
 """
@@ -111,6 +126,9 @@ class EmbeddedEngine:
             "decode_steps": 0,
             "prefills": 0,
             "requests_finished": 0,
+            "recomputes": 0,  # weight swaps that rebuilt running rows' caches
+            "recomputed_tokens": 0,
+            "recompute_s": 0.0,
             "busy_s": 0.0,
         }
 
@@ -186,21 +204,37 @@ class EmbeddedEngine:
         return None
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Copy new weights into the model in place (strict) and set the version.
+        """Copy new weights into the model in place (strict), recompute running rows' caches.
 
-        Called between steps. Requests in flight keep their KV cache from the
-        old weights and continue with the new ones (their GenResult keeps the
-        start version and records the finish version).
+        Called between steps. Requests in flight keep their tokens, log-probs
+        and start version (interruptible generation; their GenResult records
+        the finish version too), but their KV cache is recomputed under the
+        new weights, so every later token is sampled from, and scored by, the
+        new policy on the full context, as a trainer forward would.
         """
         if self._in_step:
             raise RuntimeError("update_weights called during step()")
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version
+        with torch.inference_mode():  # the cache tensors are inference tensors
+            self._recompute_cache()
 
     def load(self) -> int:
         """Number of running plus waiting requests."""
         return len(self._running) + len(self._waiting)
+
+    def sampling_state(self) -> dict:
+        """The sampling generator's state: every random draw comes from it, nothing else counts."""
+        return {"generator": self.generator.get_state()}
+
+    def load_sampling_state(self, state: dict) -> None:
+        """Continue sampling from a `sampling_state()` (same weights, same requests: same tokens)."""
+        if "generator" not in state:
+            raise ValueError(
+                "sampling state has no 'generator': pass EmbeddedEngine.sampling_state()"
+            )
+        self.generator.set_state(state["generator"].cpu())
 
     def stats(self) -> dict:
         """Counters since construction, plus the current batch shape."""
@@ -269,23 +303,20 @@ class EmbeddedEngine:
         self._stats["decode_steps"] += 1
         return tokens, logprobs
 
-    def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
-        """Run the prompts of newly admitted requests, writing their cache into free slots."""
-        lengths = [len(r.prompt_ids) for r in reqs]
+    def _fill_slots(self, contexts: list[list[int]], slots: list[int]) -> Tensor:
+        """One forward over `contexts`, writing their keys and values into `slots`.
+
+        Returns each context's last logits [len(contexts), V].
+        """
+        lengths = [len(c) for c in contexts]
         width = max(lengths)
-        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding: the next token goes at the right edge
-            ids[i, width - lengths[i] :] = torch.tensor(r.prompt_ids)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, c in enumerate(contexts):  # left padding: the next token goes at the right edge
+            ids[i, width - lengths[i] :] = torch.tensor(c)
             mask[i, width - lengths[i] :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-
-        self._holes.sort()
-        reused = self._holes[: len(reqs)]
-        del self._holes[: len(reqs)]
-        rows = self._cache.rows
-        slots = reused + list(range(rows, rows + len(reqs) - len(reused)))
         self._reserve(max(slots) + 1, width)
         with self._cache.prefilling(slots, mask):
             out = self.model(
@@ -296,22 +327,65 @@ class EmbeddedEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
+        return out.logits[:, -1]
+
+    def _set_slots(
+        self, slots: list[int], last: Tensor, reqs: list[GenRequest], pos: list[int]
+    ) -> None:
+        """Per-slot state of rows that just got their cache: next input, its position, sampling."""
+        index = torch.tensor(slots, device=self.device)
+        self._last[index] = last
+        self._pos[index] = torch.tensor(pos, device=self.device)
+        self._alive[index] = 1
+        self._temp[index] = torch.tensor([r.params.temperature for r in reqs], device=self.device)
+        self._top_p[index] = torch.tensor([r.params.top_p for r in reqs], device=self.device)
+        self._order_stale = True
+
+    def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
+        """Run the prompts of newly admitted requests, writing their cache into free slots."""
+        lengths = [len(r.prompt_ids) for r in reqs]
+        self._holes.sort()
+        reused = self._holes[: len(reqs)]
+        del self._holes[: len(reqs)]
+        rows = self._cache.rows
+        slots = reused + list(range(rows, rows + len(reqs) - len(reused)))
+        logits = self._fill_slots([r.prompt_ids for r in reqs], slots)
         temp = torch.tensor([r.params.temperature for r in reqs], device=self.device)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=self.device)
-        tokens, logprobs = self._sample(out.logits[:, -1], temp, top_p)
-
-        index = torch.tensor(slots, device=self.device)
-        self._last[index] = tokens
-        self._pos[index] = torch.tensor(lengths, device=self.device)
-        self._alive[index] = 1
-        self._temp[index] = temp
-        self._top_p[index] = top_p
+        tokens, logprobs = self._sample(logits, temp, top_p)
+        self._set_slots(slots, tokens, reqs, lengths)
         new_rows = [self._new_seq(r, slot) for r, slot in zip(reqs, slots, strict=True)]
         self._running += new_rows
-        self._order_stale = True
         self._stats["prefills"] += 1
         self._stats["prompt_tokens"] += sum(lengths)
         return new_rows, tokens, logprobs
+
+    def _recompute_cache(self) -> None:
+        """Rebuild the cache of every running row under the current weights (after a swap).
+
+        One batched prefill of prompt + response so far, minus the last
+        sampled token (the next step's input, as always), into slots 0..n-1
+        in admission order; the old cache and its holes are dropped.
+        """
+        seqs = self._running
+        if not seqs:
+            return
+        start = time.perf_counter()
+        contexts = [seq.req.prompt_ids + seq.tokens[:-1] for seq in seqs]
+        self._cache.truncate(0)
+        self._holes = []
+        self._alive.zero_()
+        self._pos.zero_()
+        self._last.fill_(self.pad_id)
+        slots = list(range(len(seqs)))
+        for seq, slot in zip(seqs, slots, strict=True):
+            seq.slot = slot
+        self._fill_slots(contexts, slots)
+        last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
+        self._set_slots(slots, last, [seq.req for seq in seqs], [len(c) for c in contexts])
+        self._stats["recomputes"] += 1
+        self._stats["recomputed_tokens"] += sum(len(c) for c in contexts)
+        self._stats["recompute_s"] += time.perf_counter() - start
 
     def _release(self, rows: list[int]) -> None:
         """Take rows (indices into `_running`) out of the batch; their slots become holes."""

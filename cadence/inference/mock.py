@@ -213,6 +213,17 @@ class MockEngine:
         """Number of running plus waiting requests."""
         return len(self._running) + len(self._waiting)
 
+    def sampling_state(self) -> dict:
+        """The generator every length, token and log-prob is drawn from."""
+        return {"rng": self._rng.getstate()}
+
+    def load_sampling_state(self, state: dict) -> None:
+        """Continue drawing from a `sampling_state()` (lists accepted, as from JSON)."""
+        if "rng" not in state:
+            raise ValueError("sampling state has no 'rng': pass MockEngine.sampling_state()")
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+
     def stats(self) -> dict:
         """Counters since construction, the batch shape and the clock."""
         return {

@@ -156,6 +156,19 @@ class InferenceEngine(Protocol):
         """Number of running plus waiting requests (for least-loaded routing)."""
         ...
 
+    def sampling_state(self) -> dict:
+        """The random state later samples depend on (for a bit-identical resume).
+
+        Only the sampling randomness: requests in flight, weights and version
+        are not part of it. Saved with no request in flight and loaded into an
+        engine with the same weights, later requests sample the same tokens.
+        """
+        ...
+
+    def load_sampling_state(self, state: dict) -> None:
+        """Restore what `sampling_state` returned (from this engine or one of the same kind)."""
+        ...
+
     def stats(self) -> dict:
         """Counters: tokens generated, decode steps, busy seconds, ..."""
         ...

@@ -259,6 +259,22 @@ class VLLMEngine:
             "version": self.version,
         }
 
+    def sampling_state(self) -> dict:
+        """The generator of per-request seeds (all the randomness reachable from here).
+
+        vLLM seeds each sampled request from it, so requests added after a
+        restore get the same seeds, hence the same tokens up to vLLM's own
+        numerics (bit-identical on one machine and build, in our tests).
+        """
+        return {"seeds": self._seeds.getstate()}
+
+    def load_sampling_state(self, state: dict) -> None:
+        """Continue the per-request seeds from a `sampling_state()` (lists accepted, as from JSON)."""
+        if "seeds" not in state:
+            raise ValueError("sampling state has no 'seeds': pass VLLMEngine.sampling_state()")
+        version, internal, gauss = state["seeds"]
+        self._seeds.setstate((version, tuple(internal), gauss))
+
     def reseed(self, seed: int) -> None:
         """Restart the sequence of per-request seeds, as if the engine had been made with `seed`."""
         self._seeds = random.Random(seed)
