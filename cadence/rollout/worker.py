@@ -210,6 +210,8 @@ class RolloutWorker:
     def evaluate(self, samples: int = 1) -> EvalResult:
         test = self.task.prompts("test", self.cfg.task.test_size, self.cfg.seed)
         with self._lock:
+            # Evaluate the newest policy: weights queued for a generating worker go in first.
+            self._swap_weights(force=True)
             return evaluate(self.engine, self.tokenizer, test, self.reward, self.eval_params, samples)
 
     def metrics(self) -> dict[str, float]:
@@ -226,6 +228,11 @@ class RolloutWorker:
             "rollout/filtered_groups_total": float(self.stats.filtered_groups),
         }
 
+    def reward_report(self) -> dict:
+        """The reward guard's counters and the first failure of each kind (with its traceback)."""
+        stats = self.reward.stats()
+        return {k: stats[k] for k in ("calls", "errors", "timeouts", "first_failures")}
+
     def state_dict(self) -> dict:
         """Where to resume: after the prompts of groups already handed out (or dropped).
 
@@ -233,12 +240,20 @@ class RolloutWorker:
         resumed run generates them again instead of skipping their prompts.
         """
         consumed = self.cursor_base + self.handed_out + self.buffer.dropped_groups
-        return {"prompts": {"cursor": consumed}, "next_group_id": self.rollout._next_group_id}
+        state = {"prompts": {"cursor": consumed}, "next_group_id": self.rollout._next_group_id}
+        # The engine's sampling RNG: with it a synchronous run resumes bit-identically (nothing is
+        # in flight between steps). Asynchronous runs regenerate in-flight groups, so theirs differ.
+        with self._lock:
+            state["engine"] = self.engine.sampling_state()
+        return state
 
     def load_state_dict(self, state: dict, version: int) -> None:
         """Resume at trainer `version` with nothing in flight."""
         self.stream.load_state_dict(state["prompts"])
         self.cursor_base = self.stream.cursor
+        if "engine" in state:  # absent from checkpoints written before it was saved
+            with self._lock:
+                self.engine.load_sampling_state(state["engine"])
         self.rollout._next_group_id = state["next_group_id"]
         self.version = version
         self.started_groups = version * self.quota
