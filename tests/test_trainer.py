@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from cadence.algo.config import AlgorithmConfig
@@ -80,24 +81,45 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient():
         assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
 
 
-def test_stale_samples_get_an_off_policy_weight_not_identically_one():
-    """Stale samples: pi_old (the policy of this update) differs from the engine's mu, so the
-    off-policy ratio pi_old / mu the losses correct with is not identically 1."""
+def behaviour_from(model, groups: list[Group]) -> list[Group]:
+    """Give every sample the log-probs `model` assigns its tokens, as the engine would (mu)."""
+    batch = collate(flatten(groups), pad_id=0)
+    lp = response_token_logprobs(model.eval(), batch)
+    model.train()
+    for row, s in enumerate(flatten(groups)):
+        s.behaviour_logprobs = lp[row][batch.mask[row].bool()].tolist()
+    return groups
+
+
+@pytest.mark.parametrize("loss", ["tis", "decoupled_ppo"])
+def test_stale_samples_are_weighted_against_the_engines_behaviour_policy(loss):
+    """mu is the engine's log-probs at the version that sampled; after an update the trainer's
+    policy differs from it, and the loss's importance weight is exactly pi_old / mu."""
     model = tiny_model(hidden_size=32, layers=1, heads=2)
-    trainer = trainer_for(model, recompute_old_logprobs="always")
-    trainer.step(make_groups(version=0))  # version 0 -> 1, weights change
-    stale = collate(flatten(make_groups(version=0)), pad_id=0)
-    old = trainer._old_logprobs(stale)
-    mu = stale.behaviour_logprobs
-    ratio = torch.exp(old - mu)[stale.mask.bool()]
-    assert not torch.allclose(ratio, torch.ones_like(ratio))
-    # The decoupled loss reports that weight: its mean is not 1 either.
-    decoupled = PolicyTrainer(model, TrainerConfig(lr=1e-9, micro_batch_size=4),
-                              AlgorithmConfig(loss="decoupled_ppo"), temperature=1.0, pad_id=0)
-    decoupled.version = 1
-    metrics = decoupled.step(make_groups(version=0))
+    stale = behaviour_from(model, make_groups(version=0))  # mu: the version-0 weights
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, micro_batch_size=4),
+                            AlgorithmConfig(loss=loss), temperature=1.0, pad_id=0)
+    trainer.step(behaviour_from(model, make_groups(version=0)))  # version 0 -> 1, weights move
+    batch = collate(flatten(stale), pad_id=0)
+    pi_old = response_token_logprobs(model, batch)
+    valid = batch.mask.bool()
+    w = torch.exp(pi_old - batch.behaviour_logprobs)[valid]
+    assert (w - 1).abs().max() > 1e-3  # the update really made these samples off-policy
+    metric = "is_weight_mean" if loss == "tis" else "behaviour_weight_mean"
+    expected = w.clamp(max=2.0).mean() if loss == "tis" else w.mean()
+    metrics = trainer.step(stale)
     assert metrics["train/staleness_max"] == 1
-    assert abs(metrics["train/behaviour_weight_mean"] - 1.0) > 1e-3
+    assert metrics[f"train/{metric}"] == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_fresh_samples_have_behaviour_weight_one():
+    """Synchronous data (mu from the current weights): every off-policy weight is 1."""
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, micro_batch_size=4),
+                            AlgorithmConfig(loss="tis"), temperature=1.0, pad_id=0)
+    metrics = trainer.step(behaviour_from(model, make_groups(version=0)))
+    assert metrics["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["train/staleness_max"] == 0
 
 
 def test_old_logprobs_pass_only_for_repeated_updates():

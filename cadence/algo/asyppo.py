@@ -3,13 +3,14 @@
 The recipe, and where each piece lives here:
 
 1. M small critics (M = 2), each trained on a disjoint share of every
-   prompt's group of responses: `partition_groups`, `critic_loss`,
-   `multi_critic_loss`.
+   prompt's group of responses: `partition_groups`, `critic_loss` (the
+   trainer's `CriticEnsemble.update` sums it over critics, each on its rows).
 2. V(s_t) = mean over critics, fed to GAE; sigma_t = their std:
    `aggregate_values`.
 3. Tokens where the critics agree most (lowest k of sigma) lose their
    policy-gradient term; tokens where they disagree most (highest h) lose
-   their entropy bonus: `uncertainty_masks`, `asyppo_objective_terms`.
+   their entropy bonus: `uncertainty_masks`, `asyppo_objective_terms` (the
+   per-token objective `compute_policy_loss` builds for every loss).
 
 All functions are pure tensor code; the trainer owns models and optimizers.
 """
@@ -135,27 +136,6 @@ def critic_loss(
         clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
         loss = torch.maximum(loss, (clipped - returns) ** 2)
     return 0.5 * torch.where(valid, loss, 0.0).sum() / valid.sum().clamp(min=1)
-
-
-def multi_critic_loss(
-    values: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    assignment: Tensor,
-    old_values: Tensor | None = None,
-    value_clip: float | None = None,
-) -> Tensor:
-    """Sum over critics m of `critic_loss` on critic m's own rows (assignment == m).
-
-    values, old_values: [M, B, T]; returns, mask: [B, T]; assignment: [B].
-    Summing (not averaging) keeps each critic's gradient independent of M.
-    """
-    total = values.new_zeros(())
-    for m in range(values.shape[0]):
-        own = mask.bool() & (assignment == m).unsqueeze(-1)
-        old = None if old_values is None else old_values[m]
-        total = total + critic_loss(values[m], returns, own, old, value_clip)
-    return total
 
 
 def aggregate_values(values: Tensor) -> tuple[Tensor, Tensor]:

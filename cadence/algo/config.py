@@ -50,6 +50,9 @@ ALGORITHM_PRESETS: dict[str, dict] = {
         "loss": "ppo",
         "advantage": "gae",
         "aggregation": "seq-mean-token-mean",
+        # The paper's beta * I^H_t * H_t term; beta is left open there, 1e-3 is the usual PPO value.
+        # Without it (entropy_coef=0) the entropy mask from the critics' disagreement does nothing.
+        "entropy_coef": 1e-3,
         "critic": {"num_critics": 2, "critic_fraction": 0.25},
     },
 }
@@ -110,10 +113,13 @@ class MismatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["none", "token", "sequence", "mask", "sequence_mask"] = Field(
-        "none",
+    mode: Literal["auto", "none", "token", "sequence", "mask", "sequence_mask"] = Field(
+        "auto",
         description="'token'/'sequence': multiply the loss by sg(min(pi_old/mu, cap)); "
-        "'mask'/'sequence_mask': drop tokens/sequences whose ratio is outside [low, high].",
+        "'mask'/'sequence_mask': drop tokens/sequences whose ratio is outside [low, high]; "
+        "'auto': 'token' for losses whose ratio is against pi_old (ppo, grpo, dr_grpo, gspo, "
+        "reinforce), 'none' for those that weight by mu themselves (tis, cispo, topr, decoupled_ppo); "
+        "'none': no correction (stale samples are then trained as if fresh).",
     )
     cap: float = Field(2.0, description="Truncation C of the importance weight pi_old/mu.")
     sequence_ratio: Literal["geometric", "product"] = Field(
@@ -200,8 +206,9 @@ class AlgorithmConfig(BaseModel):
     )
 
     # --- TIS
-    tis_low: float = Field(0.0, description="TIS: lower clamp of the ratio pi_theta/pi_old.")
-    tis_cap: float = Field(1.0, description="TIS: truncation C, upper clamp of the ratio.")
+    tis_cap: float = Field(
+        2.0, description="TIS: truncation C of the importance weight pi_old/mu (Yao et al.: 2)."
+    )
 
     # --- CISPO
     cispo_eps_low: float = Field(0.1, description="CISPO: weight clipped below at 1 - eps_low.")
@@ -212,13 +219,9 @@ class AlgorithmConfig(BaseModel):
     )
 
     # --- TOPR
-    topr_low: float = Field(0.0, description="TOPR: lower clamp of the negative-sequence ratio.")
-    topr_high: float = Field(1.0, description="TOPR: upper clamp of the negative-sequence ratio.")
     topr_reward_threshold: float = Field(
         0.0, description="TOPR: sequences with reward > threshold are 'positive' (no IS weight)."
     )
-    topr_positive_weight: float = Field(1.0, description="TOPR: weight of the positive term.")
-    topr_negative_weight: float = Field(1.0, description="TOPR: weight of the negative term.")
 
     # --- regularisers
     entropy_coef: float = Field(0.0, description="Entropy bonus coefficient; 0 disables it.")
@@ -289,7 +292,7 @@ class AlgorithmConfig(BaseModel):
             raise ValueError(f"max_response_length={v} must be a positive token count")
         return v
 
-    @field_validator("entropy_coef", "topr_positive_weight", "topr_negative_weight")
+    @field_validator("entropy_coef")
     @classmethod
     def _non_negative(cls, v: float, info: ValidationInfo) -> float:
         if v < 0:
@@ -329,8 +332,22 @@ class AlgorithmConfig(BaseModel):
             self.rhythm = self.rhythm.model_copy(update={"credit": self.credit})
         else:
             self.credit = self.rhythm.credit
+        self._resolve_mismatch()
         self._check_consistency()
         return self
+
+    def _resolve_mismatch(self) -> None:
+        """'auto': every loss sees the behaviour policy mu, once. Losses whose own weight is
+        against mu need nothing more; the rest get the truncated weight min(pi_old/mu, cap)."""
+        if self.mismatch.mode == "auto":
+            mode = "none" if loss_registry.spec(self.loss).behaviour_weighted else "token"
+            self.mismatch = self.mismatch.model_copy(update={"mode": mode})
+
+    @property
+    def ignores_staleness(self) -> bool:
+        """True when nothing in the loss corrects for samples from an older policy (mu != pi_old)."""
+        weighted = loss_registry.spec(self.loss).behaviour_weighted
+        return not weighted and self.mismatch.mode in ("none", "auto")
 
     def _apply_algorithm_preset(self) -> None:
         preset = ALGORITHM_PRESETS[self.name]
@@ -351,19 +368,13 @@ class AlgorithmConfig(BaseModel):
                 "aggregation='seq-mean-token-sum-norm' (Dr. GRPO's default) divides by a constant: "
                 "set max_response_length to the generation budget in tokens"
             )
-        if not 0.0 <= self.tis_low <= self.tis_cap:
+        if not self.tis_cap > 0:
+            raise ValueError(f"tis_cap={self.tis_cap} must be > 0 (Yao et al. use 2)")
+        if loss_registry.spec(self.loss).behaviour_weighted and self.mismatch.mode in ("token", "sequence"):
             raise ValueError(
-                f"tis_low={self.tis_low}, tis_cap={self.tis_cap}: need 0 <= tis_low <= tis_cap"
-            )
-        if not 0.0 <= self.topr_low <= self.topr_high:
-            raise ValueError(
-                f"topr_low={self.topr_low}, topr_high={self.topr_high}: need 0 <= topr_low <= topr_high"
-            )
-        if self.loss == "decoupled_ppo" and self.mismatch.mode in ("token", "sequence"):
-            raise ValueError(
-                "loss='decoupled_ppo' already weights tokens by pi_old/mu; mismatch.mode="
-                f"{self.mismatch.mode!r} would apply that weight twice. Use mismatch.mode='none' "
-                "(and decoupled_behaviour_cap) or a masking mode"
+                f"loss={self.loss!r} already weights tokens by the behaviour policy mu; mismatch.mode="
+                f"{self.mismatch.mode!r} would apply pi_old/mu a second time. Use mismatch.mode='auto' "
+                "(or 'none') or a masking mode ('mask', 'sequence_mask')"
             )
         adv = advantage_registry.spec(self.advantage)
         if adv.needs_values and not self.uses_critics:

@@ -19,6 +19,7 @@ are config values the loss implies (e.g. Dr. GRPO's aggregation), applied by
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from cadence.algo.aggregation import aggregate
+from cadence.algo.asyppo import asyppo_objective_terms
 from cadence.algo.kl import kl_loss
 from cadence.algo.mismatch import mismatch_correction
 
@@ -49,6 +51,8 @@ class PolicyLossInputs:
     sequence_rewards:   R_i [B]; TOPR splits sequences by it.
     ref_logprobs:       log pi_ref(y_t); needed when kl.coef > 0 and kl.mode = "loss".
     entropy:            per-token entropy of pi_theta, with grad; needed when entropy_coef > 0.
+    adv_mask:           AsyPPO's I^A_t (1 keeps the policy-gradient term); None keeps every token.
+    entropy_mask:       AsyPPO's I^H_t (1 keeps the entropy bonus); None keeps every token.
     """
 
     logprobs: Tensor
@@ -59,6 +63,8 @@ class PolicyLossInputs:
     sequence_rewards: Tensor | None = None
     ref_logprobs: Tensor | None = None
     entropy: Tensor | None = None
+    adv_mask: Tensor | None = None
+    entropy_mask: Tensor | None = None
 
 
 @dataclass
@@ -87,10 +93,15 @@ LossFn = Callable[[PolicyLossInputs, "AlgorithmConfig"], TokenLoss]
 
 @dataclass(frozen=True)
 class LossSpec:
+    """A registered loss. `behaviour_weighted`: its own importance weight already divides by mu
+    (TIS, CISPO, TOPR, decoupled PPO), so it corrects staleness by itself and must not get the
+    mismatch weight pi_old/mu a second time; every other loss gets that weight by default."""
+
     name: str
     fn: LossFn
     description: str
     defaults: Mapping[str, Any]
+    behaviour_weighted: bool = False
 
 
 # ----------------------------------------------------------------------------- registry
@@ -99,14 +110,17 @@ _REGISTRY: dict[str, LossSpec] = {}
 
 
 def register(
-    name: str, description: str, defaults: Mapping[str, Any] | None = None
+    name: str,
+    description: str,
+    defaults: Mapping[str, Any] | None = None,
+    behaviour_weighted: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: make `fn` available as `AlgorithmConfig(loss=name)`."""
 
     def wrap(fn: LossFn) -> LossFn:
         if name in _REGISTRY:
             raise ValueError(f"policy loss {name!r} is already registered")
-        _REGISTRY[name] = LossSpec(name, fn, description, dict(defaults or {}))
+        _REGISTRY[name] = LossSpec(name, fn, description, dict(defaults or {}), behaviour_weighted)
         return fn
 
     return wrap
@@ -165,6 +179,11 @@ def clipped_surrogate(
 def _ratio(inp: PolicyLossInputs) -> Tensor:
     """r = pi_theta / pi_old = exp(log pi_theta - log pi_old); gradient flows through pi_theta."""
     return torch.exp(inp.logprobs - inp.old_logprobs)
+
+
+def _behaviour_log_ratio(inp: PolicyLossInputs) -> Tensor:
+    """log w = log pi_theta - log mu per token; gradient flows through pi_theta."""
+    return inp.logprobs - inp.behaviour_logprobs
 
 
 def _ppo_clip(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
@@ -240,7 +259,8 @@ def gspo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
 
 @register(
     "decoupled_ppo",
-    "Decoupled PPO (AReaL): PPO clip on pi_theta/pi_old times detached pi_old/mu, optionally capped",
+    "Decoupled PPO (Hilton et al.; AReaL): PPO clip on pi_theta/pi_old times sg(pi_old/mu), optional cap",
+    behaviour_weighted=True,
 )
 def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = sg(w_t) * -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = pi_old(y_t) / mu(y_t).
@@ -254,8 +274,7 @@ def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss
     would be 1 everywhere and the clip would be dead (one update per batch is
     the exception: there pi_old is the updating policy).
     """
-    behaviour = inp.behaviour_logprobs if inp.behaviour_logprobs is not None else inp.old_logprobs
-    weight = torch.exp(inp.old_logprobs - behaviour).detach()
+    weight = torch.exp(inp.old_logprobs - inp.behaviour_logprobs).detach()
     capped = torch.zeros_like(weight)
     if cfg.decoupled_behaviour_cap is not None:
         capped = (weight > cfg.decoupled_behaviour_cap).to(weight.dtype)
@@ -268,72 +287,96 @@ def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss
     return TokenLoss(weight * ppo.per_token, ppo.stats)
 
 
-@register("tis", "Truncated IS policy gradient: -sg(clamp(r, tis_low, tis_cap)) A log pi_theta")
+@register(
+    "tis",
+    "Truncated IS (Yao et al. 2025): -sg(min(pi_old/mu, tis_cap)) A log pi_theta",
+    behaviour_weighted=True,
+)
 def tis_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
-    """L_t = -sg(clamp(r, tis_low, tis_cap)) * A * log pi_theta(y_t).
+    """L_t = -sg(min(w_t, C)) * A * log pi_theta(y_t),  w_t = pi_old(y_t) / mu(y_t),  C = tis_cap.
 
-    A REINFORCE gradient re-weighted by the truncated ratio r = pi_theta/pi_old
-    (ROLL's "tis" variant, default clamp [0, 1]). Unlike PPO, no token loses its
-    gradient: the weight is bounded instead. For the engine-vs-trainer weight
-    pi_old/mu with C ~ 2 (Yao et al.), use mismatch.mode = "token".
+    Yao et al. (2025), "Your efficient RL framework secretly brings you
+    off-policy RL training": the token policy gradient E_mu[w A grad log pi] with
+    the importance weight truncated at C (2 by default) so a token the sampler
+    under-weighted cannot blow up the update. mu is the engine's log-prob of the
+    sampled token, so the same weight corrects both staleness (mu from an older
+    version) and the engine-vs-trainer mismatch. With one update per batch
+    pi_old is pi_theta itself and w = pi_theta / mu; ROLL's "tis" (w clamped to
+    [0, 1]) is this loss with tis_cap=1.
     """
-    ratio = _ratio(inp).detach()
-    weight = ratio.clamp(cfg.tis_low, cfg.tis_cap)
-    truncated = ((ratio < cfg.tis_low) | (ratio > cfg.tis_cap)).to(ratio.dtype)
+    log_w = (inp.old_logprobs - inp.behaviour_logprobs).detach()
+    weight = torch.exp(log_w.clamp(max=math.log(cfg.tis_cap)))
+    truncated = (log_w > math.log(cfg.tis_cap)).to(weight.dtype)
     per_token = -weight * inp.advantages * inp.logprobs
     return TokenLoss(per_token, {"clip_fraction": truncated, "is_weight_mean": weight})
 
 
-@register("cispo", "CISPO (MiniMax-M1): clipped detached IS weight, gradient on every token")
+@register(
+    "cispo",
+    "CISPO (MiniMax-M1): -sg(clip(pi_theta/mu, 1-eps_low, 1+eps_high)) A log pi_theta, every token",
+    behaviour_weighted=True,
+)
 def cispo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
-    """L_t = -sg(clip(r, 1 - cispo_eps_low, 1 + cispo_eps_high)) * A * log pi_theta(y_t) * M_t.
+    """L_t = -sg(clip(w_t, 1 - cispo_eps_low, 1 + cispo_eps_high)) * A * log pi_theta(y_t) * M_t,
+    w_t = pi_theta(y_t) / mu(y_t).
 
-    PPO zeroes the gradient of clipped tokens, and in long reasoning those are
-    often the rare "fork" tokens. CISPO clips only the weight, so every token
-    keeps its gradient. Optional mask (cispo_mask=True) recovers PPO's trust
-    region: M_t = 0 if (A > 0 and r > 1 + eps_high) or (A < 0 and r < 1 - eps_low).
+    MiniMax-M1 (2025): the importance weight is taken against the policy that
+    generated the sample (mu), clipped, and detached. PPO zeroes the gradient of
+    clipped tokens, and in long reasoning those are often the rare "fork"
+    tokens; CISPO clips only the weight, so every token keeps its gradient.
+    Optional mask (cispo_mask=True) recovers PPO's trust region:
+    M_t = 0 if (A > 0 and w > 1 + eps_high) or (A < 0 and w < 1 - eps_low).
     """
-    ratio = _ratio(inp).detach()
+    weight_raw = torch.exp(_behaviour_log_ratio(inp)).detach()
     low, high = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
-    weight = ratio.clamp(low, high)
-    clipped = ((ratio < low) | (ratio > high)).to(ratio.dtype)
+    weight = weight_raw.clamp(low, high)
+    clipped = ((weight_raw < low) | (weight_raw > high)).to(weight.dtype)
     per_token = -weight * inp.advantages * inp.logprobs
     stats = {"clip_fraction": clipped, "is_weight_mean": weight}
     if cfg.cispo_mask:
-        drop = ((inp.advantages > 0) & (ratio > high)) | ((inp.advantages < 0) & (ratio < low))
+        drop = ((inp.advantages > 0) & (weight_raw > high)) | ((inp.advantages < 0) & (weight_raw < low))
         per_token = torch.where(drop, torch.zeros_like(per_token), per_token)
-        stats["cispo_masked_fraction"] = drop.to(ratio.dtype)
+        stats["cispo_masked_fraction"] = drop.to(weight.dtype)
     return TokenLoss(per_token, stats)
 
 
 @register(
-    "topr", "TOPR: REINFORCE on positive-reward sequences, IS weight clamped to [0,1] on others"
+    "topr",
+    "TOPR (Le Roux et al. 2025): positive sequences SFT-weighted, others by sg(min(1, pi_theta(y)/mu(y)))",
+    defaults={"aggregation": "seq-mean-token-sum"},
+    behaviour_weighted=True,
 )
 def topr_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
-    """Tapered off-policy REINFORCE, per token of sequence i:
+    """Tapered off-policy REINFORCE, per sequence i with log pi(y_i) = sum_t log pi(y_t):
 
-        R_i >  thr:  L_t = -w_pos * A * log pi_theta(y_t)                            (no IS weight)
-        R_i <= thr:  L_t = -w_neg * sg(clamp(r, topr_low, topr_high)) * A * log pi_theta(y_t)
+        R_i >  thr:  L_i = -A_i * log pi_theta(y_i)                              (no IS weight)
+        R_i <= thr:  L_i = -sg(min(1, pi_theta(y_i) / mu(y_i))) * A_i * log pi_theta(y_i)
 
-    Successes are imitated at full strength whatever their probability (an
-    SFT-like term); failures are pushed down with a weight that tapers off once
-    pi_theta already assigns them less probability than pi_old did, so the
-    negative term cannot drive their probability to zero without bound.
-    thr = topr_reward_threshold, w_pos/w_neg = topr_positive_weight/topr_negative_weight.
+    pi_theta(y_i) / mu(y_i) = exp(sum_t (log pi_theta - log mu)): one truncated
+    weight per *sequence*, detached. Successes are imitated at full strength
+    whatever their probability (an SFT-like term); failures are pushed down with
+    a weight that tapers off once pi_theta assigns them less probability than
+    the sampler did, so they cannot be driven to zero without bound. The preset
+    aggregates as the paper's sum over a sequence's tokens, mean over
+    sequences (seq-mean-token-sum).
+
+    Where cadence differs from the paper: the multiplier is the advantage A_i
+    (the configured estimator's, group-normalised by default), not the raw
+    reward R_i; the positive/negative split still uses R_i against
+    thr = topr_reward_threshold. With advantage=reinforce_plus_plus and
+    std_normalize=False the multiplier is R_i minus a batch baseline.
     """
     if inp.sequence_rewards is None:
         raise ValueError(
             "loss 'topr' needs PolicyLossInputs.sequence_rewards (one reward per sequence)"
         )
     positive = (inp.sequence_rewards > cfg.topr_reward_threshold).unsqueeze(-1)
-    ratio = _ratio(inp).detach()
-    weight = torch.where(
-        positive,
-        torch.full_like(ratio, cfg.topr_positive_weight),
-        cfg.topr_negative_weight * ratio.clamp(cfg.topr_low, cfg.topr_high),
-    )
+    seq_log_w = (_behaviour_log_ratio(inp).detach() * inp.mask).sum(-1, keepdim=True)
+    # min(1, exp(x)) = exp(min(x, 0)): computed in log space, so it never overflows.
+    taper = torch.exp(seq_log_w.clamp(max=0.0)).expand_as(inp.logprobs)
+    weight = torch.where(positive, torch.ones_like(taper), taper)
     per_token = -weight * inp.advantages * inp.logprobs
-    positive_tokens = positive.expand_as(ratio).to(ratio.dtype)
+    positive_tokens = positive.expand_as(weight).to(weight.dtype)
     return TokenLoss(per_token, {"positive_fraction": positive_tokens, "is_weight_mean": weight})
 
 
@@ -357,6 +400,8 @@ def _check_inputs(inp: PolicyLossInputs) -> None:
         "behaviour_logprobs",
         "ref_logprobs",
         "entropy",
+        "adv_mask",
+        "entropy_mask",
     ):
         value = getattr(inp, name)
         if value is not None and value.shape != shape:
@@ -395,6 +440,8 @@ def _sanitise(inp: PolicyLossInputs) -> PolicyLossInputs:
         ),
         ref_logprobs=clean(inp.ref_logprobs, True),
         entropy=clean(inp.entropy, False),
+        adv_mask=clean(inp.adv_mask, True),
+        entropy_mask=clean(inp.entropy_mask, True),
     )
 
 
@@ -408,12 +455,14 @@ def compute_policy_loss(
     token_denominator: float | None = None,
     seq_denominator: float | None = None,
 ) -> LossOutput:
-    """Total policy loss: pg + kl.coef * KL - entropy_coef * H.
+    """Total policy loss: aggregate(I^A_t * pg_t - entropy_coef * I^H_t * H_t) + kl.coef * KL.
 
-        pg  = aggregate(sg(w_mis) * keep_mis * L_t, mask)    L_t from the loss named by cfg.loss
-        KL  = aggregate(k(log pi_theta, log pi_ref), mask)    if inputs.ref_logprobs is given
+        pg_t = sg(w_mis) * keep_mis * L_t                    L_t from the loss named by cfg.loss
+        H_t  = entropy (if inputs.entropy is given; the bonus, hence the minus)
+        I^A, I^H = AsyPPO's masks (inputs.adv_mask, inputs.entropy_mask), else all ones;
+                   the per-token sum is `asyppo_objective_terms`
+        KL   = aggregate(k(log pi_theta, log pi_ref), mask)   if inputs.ref_logprobs is given
                                                              (added only when kl.mode == "loss")
-        H   = aggregate(entropy, mask)                       if inputs.entropy is given
 
     w_mis, keep_mis: the train/inference mismatch correction (mismatch.py).
     Denominators: pass the full batch's `batch_denominators(mask)` when this
@@ -432,10 +481,17 @@ def compute_policy_loss(
     token_loss = get(cfg.loss)(inp, cfg)
     correction = mismatch_correction(inp.old_logprobs, inp.behaviour_logprobs, mask, cfg.mismatch)
     per_token = token_loss.per_token * correction.weight * correction.keep
-    pg_loss = aggregate(per_token, mask, **agg)
-    loss = pg_loss
+    # One objective for every loss: AsyPPO's, whose masks are all ones unless the critics set them.
+    ones = torch.ones_like(mask)
+    adv_mask = inp.adv_mask if inp.adv_mask is not None else ones
+    entropy_mask = inp.entropy_mask if inp.entropy_mask is not None else ones
+    entropy = inp.entropy if inp.entropy is not None else torch.zeros_like(mask)
+    beta = cfg.entropy_coef if inp.entropy is not None else 0.0
+    objective = asyppo_objective_terms(per_token, entropy, adv_mask, entropy_mask, mask, beta)
+    loss = aggregate(objective, mask, **agg)
 
     with torch.no_grad():
+        pg_loss = aggregate(per_token * adv_mask, mask, **agg)
         log_r = inp.logprobs - inp.old_logprobs
         ratio = torch.exp(log_r)
         n_tokens = mask.sum()
@@ -465,11 +521,7 @@ def compute_policy_loss(
         if cfg.kl.mode == "loss" and cfg.kl.coef > 0:
             loss = loss + cfg.kl.coef * kl_term
     if inp.entropy is not None:
-        entropy_term = aggregate(inp.entropy, mask, **agg)
-        metrics["entropy"] = float(entropy_term.detach())
-        if cfg.entropy_coef > 0:
-            # Minus: a bonus. Minimising the loss raises entropy.
-            loss = loss - cfg.entropy_coef * entropy_term
+        metrics["entropy"] = float(aggregate(entropy.detach() * entropy_mask, mask, **agg))
 
     metrics["loss"] = float(loss.detach())
     return LossOutput(loss, metrics)

@@ -3,7 +3,8 @@
 One `step(groups)` consumes one rollout batch:
   1. collate groups into tensors;
   2. pi_old: recomputed by a no-grad pass unless it provably equals pi_theta
-     (fresh samples, a single update per batch); pi_ref when KL is on;
+     (a single update per batch, stale samples included: staleness is corrected
+     against the engine's behaviour log-probs mu, never against pi_old); pi_ref when KL is on;
   3. advantages from rewards (and group ids);
   4. `epochs` x `mini_batches` optimizer updates, each accumulated over
      micro-batches whose losses sum exactly to the mini-batch loss;
@@ -95,7 +96,7 @@ class PolicyTrainer:
         batch = collate(flatten(groups), self.pad_id)
         old_logprobs = self._old_logprobs(batch)
         ref_logprobs = self._ref_logprobs(batch)
-        advantages, entropy_mask, extra = self._advantages(batch, old_logprobs, ref_logprobs)
+        advantages, masks, extra = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
         updates = 0
         warming_up = self.critics is not None and self.version < self.algo.critic.warmup_steps
@@ -104,7 +105,8 @@ class PolicyTrainer:
             for rows in order.chunk(self.cfg.mini_batches):
                 m = self._update(
                     batch.select(rows), advantages[rows], old_logprobs, ref_logprobs, rows,
-                    entropy_mask[rows] if entropy_mask is not None else None,
+                    masks[0][rows] if masks is not None else None,
+                    masks[1][rows] if masks is not None else None,
                 )
                 for k, v in m.items():
                     metrics[k] = metrics.get(k, 0.0) + v
@@ -122,8 +124,8 @@ class PolicyTrainer:
 
     def _advantages(
         self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """Token advantages, the entropy mask (AsyPPO) and what to log about them.
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, dict[str, float]]:
+        """Token advantages, AsyPPO's (advantage, entropy) masks and what to log about them.
 
         rewards (+ KL shaping) -> [critics' mean value -> GAE] -> [AsyPPO masks from the
         critics' disagreement] -> [attention-rhythm credit] -> advantages
@@ -131,9 +133,9 @@ class PolicyTrainer:
         metrics: dict[str, float] = {}
         token_rewards = None
         if ref is not None and self.algo.kl.mode == "reward":
-            # KL as reward shaping: penalise, per token, the sampled policy's drift from pi_ref.
-            sampled = old if old is not None else batch.behaviour_logprobs
-            token_rewards = shape_token_rewards(batch.rewards, batch.mask, sampled, ref, self.algo.kl)
+            # KL as reward shaping penalises, per token, pi_old's drift from pi_ref: the policy
+            # being improved, whatever version sampled the tokens (`_needs_old_logprobs`).
+            token_rewards = shape_token_rewards(batch.rewards, batch.mask, old, ref, self.algo.kl)
         values = sigma = None
         if self.critics is not None:
             all_values = self.critics.values(batch)  # [M, B, T]
@@ -141,7 +143,7 @@ class PolicyTrainer:
         out = compute_advantages(
             self.algo, batch.rewards, batch.group_ids, batch.mask, values=values, token_rewards=token_rewards
         )
-        advantages, entropy_mask = out.advantages, None
+        advantages, masks = out.advantages, None
         if self.critics is not None:
             metrics.update(self.critics.update(batch, out.returns, all_values))
             metrics["critic/parameters"] = float(self._critic_params)
@@ -152,7 +154,7 @@ class PolicyTrainer:
                 adv_mask, entropy_mask = uncertainty_masks(
                     sigma, batch.mask, crit.adv_mask_low, crit.entropy_mask_high, crit.quantile_scope
                 )
-                advantages = advantages * adv_mask
+                masks = (adv_mask, entropy_mask)  # applied by the loss (asyppo_objective_terms)
                 valid = batch.mask.sum().clamp(min=1)
                 metrics["asyppo/adv_masked_fraction"] = float(((1 - adv_mask) * batch.mask).sum() / valid)
                 metrics["asyppo/entropy_masked_fraction"] = float(((1 - entropy_mask) * batch.mask).sum() / valid)
@@ -160,7 +162,7 @@ class PolicyTrainer:
             gammas, credit_metrics = self.credit.gammas(batch)
             advantages = shape_advantages(advantages, gammas, batch.mask, self.algo.rhythm.both_signs)
             metrics.update(credit_metrics)
-        return advantages, entropy_mask, metrics
+        return advantages, masks, metrics
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """pi_old is the policy at the start of this step. With one update per batch that is
@@ -169,6 +171,8 @@ class PolicyTrainer:
         mu); only repeated updates need pi_old frozen by a separate pass."""
         if self.cfg.recompute_old_logprobs == "always":
             return True
+        if self.reference is not None and self.algo.kl.mode == "reward":
+            return True  # the KL reward is computed before any update, from pi_old
         return self.cfg.epochs > 1 or self.cfg.mini_batches > 1
 
     def _old_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
@@ -198,6 +202,7 @@ class PolicyTrainer:
         old_all: torch.Tensor | None,
         ref_all: torch.Tensor | None,
         rows: torch.Tensor,
+        adv_mask: torch.Tensor | None = None,
         entropy_mask: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer update over a mini-batch, accumulated over micro-batches."""
@@ -214,9 +219,6 @@ class PolicyTrainer:
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
             # The entropy only carries gradient when it is part of the objective.
             entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
-            if entropy_mask is not None:
-                # AsyPPO: high-disagreement tokens leave the entropy bonus, gradient included.
-                entropy = entropy * entropy_mask[idx, :width]
             out = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs=logprobs,
@@ -227,6 +229,8 @@ class PolicyTrainer:
                     sequence_rewards=part.rewards,
                     ref_logprobs=ref_all[sel, :width] if ref_all is not None and self.algo.kl.mode == "loss" else None,
                     entropy=entropy,
+                    adv_mask=adv_mask[idx, :width] if adv_mask is not None else None,
+                    entropy_mask=entropy_mask[idx, :width] if entropy_mask is not None else None,
                 ),
                 self.algo,
                 token_denominator=float(tokens),

@@ -22,7 +22,7 @@ def test_config_defaults_and_field_descriptions():
     assert (cfg.kl.estimator, cfg.kl.mode, cfg.mismatch.mode, cfg.mismatch.cap) == (
         "k3",
         "loss",
-        "none",
+        "token",  # "auto" resolves to the truncated pi_old/mu weight for grpo
         2.0,
     )
     for model in (AlgorithmConfig, type(cfg.kl), type(cfg.mismatch)):
@@ -40,12 +40,13 @@ def test_config_defaults_and_field_descriptions():
         ({"dual_clip": 1.0}, "dual_clip=1.0 must be > 1"),
         ({"decoupled_behaviour_cap": 0.5}, "decoupled_behaviour_cap"),
         ({"aggregation": "seq-mean-token-sum-norm"}, "max_response_length"),
-        ({"loss": "decoupled_ppo", "mismatch": {"mode": "token"}}, "twice"),
+        ({"loss": "decoupled_ppo", "mismatch": {"mode": "token"}}, "second time"),
+        ({"loss": "tis", "mismatch": {"mode": "sequence"}}, "second time"),
         ({"kl": {"coef": 0.1, "mode": "reward"}}, "kl.mode='reward'"),
         ({"kl": {"coef": -1.0}}, "kl.coef"),
         ({"mismatch": {"low": 2.0, "high": 1.0}}, "low < high"),
         ({"gamma": 1.5}, "gamma"),
-        ({"tis_low": 2.0, "tis_cap": 1.0}, "tis_low"),
+        ({"tis_cap": 0.0}, "tis_cap"),
         ({"epsilon": 0.2}, "Extra inputs are not permitted"),
     ],
 )

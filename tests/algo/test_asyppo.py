@@ -16,7 +16,6 @@ from cadence.algo.asyppo import (
     asyppo_objective_terms,
     critic_loss,
     explained_variance,
-    multi_critic_loss,
     partition_groups,
     uncertainty_masks,
 )
@@ -120,19 +119,36 @@ def test_critic_loss_empty_mask_is_zero():
     assert loss.item() == 0.0 and loss.requires_grad
 
 
-def test_multi_critic_loss_trains_each_critic_on_its_own_rows():
+def test_each_critic_trains_only_on_its_own_share_of_the_groups():
+    """CriticEnsemble.update is the critic loss the trainer runs: the sum over critics of
+    `critic_loss` on each critic's own rows. Changing the returns of critic 1's rows must move
+    critic 1 and leave critic 0 exactly where it would have been."""
+    import copy
+
+    from cadence.algo.asyppo import CriticConfig
+    from cadence.models.tiny import tiny_model
+    from cadence.train.batch import collate, flatten
+    from cadence.train.critics import CriticEnsemble
+    from tests.test_trainer import make_groups
+
     torch.manual_seed(0)
-    values = torch.randn(2, 4, 5, requires_grad=True)
-    returns, mask = torch.randn(4, 5), torch.ones(4, 5)
-    assignment = torch.tensor([0, 1, 1, 0])
-    total = multi_critic_loss(values, returns, mask, assignment)
-    expected = critic_loss(values[0][[0, 3]], returns[[0, 3]], mask[[0, 3]]) + critic_loss(
-        values[1][[1, 2]], returns[[1, 2]], mask[[1, 2]]
+    policy = tiny_model(hidden_size=32, layers=1, heads=2)
+    ensemble = CriticEnsemble(CriticConfig(num_critics=2, critic_fraction=0.5), policy, "", 0, 4)
+    batch = collate(flatten(make_groups()), pad_id=0)
+    assignment = partition_groups(
+        batch.group_ids, 2, torch.Generator().set_state(ensemble.generator.get_state())
     )
-    assert total.item() == pytest.approx(expected.item())
-    total.backward()
-    assert (values.grad[0, [1, 2]] == 0).all() and (values.grad[1, [0, 3]] == 0).all()
-    assert (values.grad[0, [0, 3]] != 0).all() and (values.grad[1, [1, 2]] != 0).all()
+    returns = torch.randn(batch.mask.shape)
+    changed = returns.clone()
+    changed[assignment == 1] += 5.0
+    old_values = ensemble.values(batch)
+    runs = []
+    for target in (returns, changed):
+        twin = copy.deepcopy(ensemble)
+        twin.update(batch, target, old_values)
+        runs.append([torch.cat([p.flatten() for p in c.parameters()]) for c in twin.critics])
+    assert torch.equal(runs[0][0], runs[1][0])  # critic 0 never saw critic 1's rows
+    assert not torch.allclose(runs[0][1], runs[1][1])
 
 
 # ---- aggregation --------------------------------------------------------------

@@ -189,17 +189,6 @@ def test_decoupled_ppo_clips_on_the_proximal_ratio():
 # ----------------------------------------------------------------------------- TIS, CISPO, TOPR, REINFORCE
 
 
-def test_tis_weight_is_truncated_and_detached():
-    # r = [0.5, 1.5] -> w = clamp(r, 0, 1) = [0.5, 1.0];  A = 2.
-    # loss = mean(-w A log pi); gradient = -w A / N (w contributes no gradient).
-    inp = inputs_from_ratios([[0.5, 1.5]], [[2.0, 2.0]])
-    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="tis"))
-    logp = inp.logprobs.detach()[0]
-    assert out.loss.item() == pytest.approx((-0.5 * 2 * logp[0] - 1.0 * 2 * logp[1]).item() / 2)
-    assert torch.allclose(grad, T([[-0.5, -1.0]]))
-    assert out.metrics["clip_fraction"] == pytest.approx(0.5)
-
-
 def test_cispo_detached_clipped_weight_gradient():
     # eps 0.1/0.1: r = [0.5, 1.05, 1.5] -> w = [0.9, 1.05, 1.1]; A = 1; grad = -sg(w) A / 3.
     inp = inputs_from_ratios([[0.5, 1.05, 1.5]], [[1.0, 1.0, 1.0]])
@@ -218,20 +207,6 @@ def test_cispo_mask_drops_trust_region_violations():
     out, grad = loss_and_grad(inp, AlgorithmConfig(loss="cispo", cispo_mask=True))
     assert torch.allclose(grad, T([[-0.9, -1.05, 0.0, 0.0]]) / 4)
     assert out.metrics["cispo_masked_fraction"] == pytest.approx(0.5)
-
-
-def test_topr_positive_sequences_have_no_is_weight():
-    # seq 0: reward 1 (positive), r = [0.5, 2], A = 0.5 -> grad -A / N on both tokens, no ratio.
-    # seq 1: reward 0 (not positive), r = [0.5, 2] -> w = [0.5, 1], A = -0.5 -> grad -w A / N.
-    inp = inputs_from_ratios(
-        [[0.5, 2.0], [0.5, 2.0]], [[0.5, 0.5], [-0.5, -0.5]], sequence_rewards=T([1.0, 0.0])
-    )
-    out, grad = loss_and_grad(inp, AlgorithmConfig(loss="topr"))
-    assert torch.allclose(grad, T([[-0.5, -0.5], [0.25, 0.5]]) / 4)
-    assert out.metrics["positive_fraction"] == pytest.approx(0.5)
-    # The threshold is a knob: with threshold 1 seq 0 is no longer positive and gets w = [0.5, 1].
-    _, grad = loss_and_grad(inp, AlgorithmConfig(loss="topr", topr_reward_threshold=1.0))
-    assert torch.allclose(grad[0], T([-0.25, -0.5]) / 4)
 
 
 def test_topr_needs_sequence_rewards():
