@@ -75,6 +75,12 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None
 def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None = None) -> RunSummary:
     torch.manual_seed(cfg.seed)
     run_dir = prepare_run_dir(cfg, resume, allow_change)
+    if cfg.rollout.async_ratio > 0 and cfg.algorithm.ignores_staleness:
+        print(
+            f"note: algorithm.loss={cfg.algorithm.loss} with algorithm.mismatch.mode=none does not "
+            f"correct for staleness: samples up to rollout.async_ratio={cfg.rollout.async_ratio} "
+            "versions old are trained as if fresh (mismatch.mode=auto or an off-policy loss corrects them)"
+        )
     progress = {"step": 0}  # the last step finished, for the Ctrl-C message
     workers = None
     try:
@@ -107,10 +113,11 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     credit = None
     if cfg.runtime.credit_actor:
         credit = RemoteCredit(
-            policy, cfg.model.path, cfg.algorithm.rhythm, tokenizer.pad_token_id, cfg.runtime.credit_cpus
+            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, tokenizer.pad_token_id,
+            cfg.runtime.credit_cpus,
         )
     elif cfg.algorithm.credit != "none":
-        credit = AttentionCredit(policy, cfg.algorithm.rhythm, tokenizer.pad_token_id)
+        credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, tokenizer.pad_token_id)
     trainer = PolicyTrainer(
         policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, tokenizer.pad_token_id, reference,
         critics=critics, credit=credit,
