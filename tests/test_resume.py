@@ -36,6 +36,7 @@ def _cadence(args: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_sync_resume_after_sigkill_is_bit_identical(tmp_path):
     whole = tmp_path / "whole"
     train(load_config(None, [*RUN, f"logging.run_dir={whole}"]))

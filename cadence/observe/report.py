@@ -9,6 +9,24 @@ from rich.console import Console
 from rich.table import Table
 
 
+def curve_series(
+    records: list[dict[str, Any]], keys: tuple[str, ...] = ("reward/mean", "reward/accuracy")
+) -> list[tuple[str, list[int], list[float]]]:
+    """(label, steps, values) of each training curve; keys with identical values share one
+    line named after all of them (binary rewards: accuracy is the mean reward)."""
+    series = {key: [(r["step"], r[key]) for r in records if key in r] for key in keys}
+    out, drawn = [], set()
+    for key in keys:
+        points = series[key]
+        if not points or key in drawn:
+            continue
+        same = [k for k in keys if k != key and series[k] == points]
+        drawn.update(same)
+        steps, values = zip(*points, strict=True)
+        out.append((" = ".join([key, *same]), list(steps), list(values)))
+    return out
+
+
 def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("reward/mean", "reward/accuracy")) -> Path:
     """Training reward and accuracy against step (raw and moving average), and held-out
     pass@1 (`eval/pass@1`: before training at step 0, every `eval.every` steps, after)."""
@@ -18,18 +36,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    series = {key: [(r["step"], r[key]) for r in records if key in r] for key in keys}
-    for key in keys:
-        points = series[key]
-        if not points:
-            continue
-        label = key
-        same = [k for k in keys if k != key and series[k] == points]
-        if same and keys.index(same[0]) < keys.index(key):
-            continue  # drawn already under the first key's name
-        if same:  # binary rewards: accuracy is the mean reward; one line, both names
-            label = " = ".join([key, *same])
-        steps, values = zip(*points, strict=True)
+    for label, steps, values in curve_series(records, keys):
         line = ax.plot(steps, values, alpha=0.3, linewidth=1)[0]
         window = max(1, len(values) // 20)
         smooth = [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
