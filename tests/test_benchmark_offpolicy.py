@@ -1,0 +1,73 @@
+"""benchmarks/offpolicy_stability.py: the carry task's files, the summary, and a --quick grid end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.benchmark_module import load_benchmark
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "offpolicy_stability.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("offpolicy_stability")
+
+
+def test_carry_task_holds_every_carrying_problem_once_and_splits_them(bench, tmp_path):
+    train, test = bench.write_carry_task(tmp_path)
+    rows = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in
+            (("train", train), ("test", test))}
+    assert len(rows["test"]) == bench.TEST_PROBLEMS
+    prompts = [r["prompt"] for r in rows["train"] + rows["test"]]
+    assert len(prompts) == len(set(prompts)) == 4500  # 45 of 100 units-digit pairs carry, x 100 tens-digit pairs
+    for r in rows["train"] + rows["test"]:
+        a, b = int(r["prompt"][:2]), int(r["prompt"][3:5])
+        assert r["prompt"] == f"{a:02d}+{b:02d}=" and r["answer"] == str(a + b) and a % 10 + b % 10 >= 10
+    assert bench.write_carry_task(tmp_path / "again")[1].read_text() == test.read_text()  # deterministic
+
+
+def _run(loss, alpha, seed, after, curve_mid=0.5):
+    curve = [[0, 0.2], [5, curve_mid], [10, after]]
+    return {"loss": loss, "alpha": alpha, "seed": seed, "curve": curve, "before": 0.2, "after": after,
+            "best": max(p for _, p in curve), "staleness_mean": alpha * 0.9, "reward_last": after,
+            "train_seconds": 1.0, "wall_s": 2.0 + alpha}
+
+
+def test_summary_and_table(bench):
+    report = load_benchmark("offpolicy_stability_report")
+    runs = [_run("grpo", a, s, after) for a, s, after in [(0, 0, 0.9), (0, 1, 0.7), (8, 0, 0.1), (8, 1, 0.3)]]
+    runs += [_run("tis", a, s, 0.8) for a in (0, 8) for s in (0, 1)]
+    rows = {(r["loss"], r["alpha"]): r for r in bench.summarise(runs)}
+    assert rows["grpo", 0]["after_mean"] == pytest.approx(0.8) and rows["grpo", 0]["after_sd"] == pytest.approx(0.1414, abs=1e-4)
+    assert rows["grpo", 8]["per_seed"] == [0.1, 0.3] and rows["tis", 8]["after_sd"] == 0.0
+    assert rows["grpo", 8]["curve_mean"] == pytest.approx([0.2, 0.5, 0.2])
+    meta = {"date": "d", "machine": "m", "jobs": 2, "wall_s": 60.0, "seeds": [0, 1], "command": "cmd",
+            "setting": {"test_size": 300, "steps": 10, "prompts_per_step": 8, "group_size": 8, "lr": 3e-4}}
+    table = report.markdown_table({"meta": meta, "summary": bench.summarise(runs)})
+    assert "| grpo | 0.800 ± 0.141 (0.90 / 0.70) | 0.200 ± 0.141 (0.10 / 0.30) |" in table
+    assert "| 8 | 7.20 | 10 |" in table  # staleness and run time per alpha
+
+
+@pytest.mark.slow
+def test_quick_grid_has_every_cell(tmp_path):
+    out = tmp_path / "offpolicy.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)], check=True)
+    result = json.loads(out.read_text())
+    bench = load_benchmark("offpolicy_stability")
+    cells = {(r["loss"], r["alpha"]) for r in result["runs"]}
+    assert cells == {(loss, alpha) for loss in bench.LOSSES for alpha in (0, 2)}
+    befores = {r["before"] for r in result["runs"]}
+    assert len(befores) == 1  # greedy evaluation of the same starting model, whatever the loss
+    for r in result["runs"]:
+        steps = bench.QUICK["steps"]
+        assert [s for s, _ in r["curve"]] == list(range(steps + 1))  # eval.every=1, step 0 = before
+        assert all(0.0 <= p <= 1.0 for _, p in r["curve"]) and r["curve"][-1][1] == r["after"]
+        assert r["staleness_mean"] == 0.0 if r["alpha"] == 0 else 0.0 <= r["staleness_mean"] <= r["alpha"]
+    assert len(result["summary"]) == len(cells)
+    assert "| tis |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
