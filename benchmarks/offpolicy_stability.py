@@ -15,6 +15,8 @@ Grid: rollout.async_ratio alpha in {0, 2, 8} (inline runtime: generation runs
 in a background thread up to alpha policy versions ahead of training) x loss:
 
   grpo, no correction    algorithm.loss=grpo algorithm.mismatch.mode=none
+  grpo (default)         algorithm.loss=grpo: cadence's default behaviour weight,
+                         truncated pi_old/mu (algorithm.mismatch.mode=auto)
   tis, cispo, topr,      algorithm.loss=<name>: importance weights against mu,
   decoupled_ppo          the engine's behaviour log-probs
   asyppo, no correction  algorithm.name=asyppo algorithm.mismatch.mode=none
@@ -49,6 +51,7 @@ DATA = ROOT / "runs" / "offpolicy-carry"
 ALPHAS = (0, 2, 8)
 LOSSES: dict[str, list[str]] = {
     "grpo, no correction": ["algorithm.loss=grpo", "algorithm.mismatch.mode=none"],
+    "grpo (default: pi_old/mu weight)": ["algorithm.loss=grpo"],
     "tis": ["algorithm.loss=tis"],
     "cispo": ["algorithm.loss=cispo"],
     "topr": ["algorithm.loss=topr"],
