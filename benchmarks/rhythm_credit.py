@@ -251,7 +251,7 @@ def probe_attention(
     prompts = [p] * batch
     responses = [torch.randint(4, 200, (response_len,), generator=gen) for _ in range(batch)]
     ids = torch.cat([torch.stack(prompts), torch.stack(responses)], dim=1)
-    cfg = RhythmConfig(credit="coupled")
+    cfg = RhythmConfig()
     rows = []
     for layers in (cfg.layers, 1):
         actor = ActorAttention(policy, layers=layers)
@@ -259,7 +259,7 @@ def probe_attention(
             total, forward = math.inf, math.inf
             for _ in range(repeats):  # best of several: the machine is shared
                 t0 = time.perf_counter()
-                actor.token_credit_batch(prompts, responses, cfg, micro_batch=micro)
+                actor.token_credit_batch(prompts, responses, "coupled", cfg, micro_batch=micro)
                 t1 = time.perf_counter()
                 for lo in range(0, batch, micro):
                     actor.maps(ids[lo : lo + micro], query_start=p.numel())
@@ -312,7 +312,7 @@ def carry_credit(model: str, problems: int = 60) -> dict[str, Any]:
     }
     for credit in ("local", "global", "coupled"):
         results = actor.token_credit_batch(
-            prompts, responses, RhythmConfig(credit=credit), micro_batch=16
+            prompts, responses, credit, RhythmConfig(), micro_batch=16
         )
         gammas = [float(g[i]) for (g, _), i in zip(results, where, strict=True)]
         out[credit] = {

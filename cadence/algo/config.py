@@ -324,14 +324,6 @@ class AlgorithmConfig(BaseModel):
         for name, value in loss_registry.spec(self.loss).defaults.items():
             if name not in self.model_fields_set:
                 setattr(self, name, value)
-        if self.rhythm.credit not in ("none", self.credit) and "credit" in self.model_fields_set:
-            raise ValueError(
-                f"credit={self.credit!r} and rhythm.credit={self.rhythm.credit!r} disagree; set only credit"
-            )
-        if self.credit != "none":
-            self.rhythm = self.rhythm.model_copy(update={"credit": self.credit})
-        else:
-            self.credit = self.rhythm.credit
         self._resolve_mismatch()
         self._check_consistency()
         return self

@@ -1,8 +1,9 @@
 """Attention rhythm: token-level credit from the policy's own attention maps.
 
 Implements SPEC section 3 (arXiv 2510.13554). After generation an auxiliary,
-eager-attention copy of the policy reads prompt + response once; from the
-attention maps of a few middle layers we derive two per-token signals:
+eager-attention copy of the policy reads prompt + response once
+(`cadence.models.attention`); from the attention maps of a few middle layers
+we derive two per-token signals:
 
 - WAAD (windowed average attention distance), read from *local* heads: how far
   back a token looks, capped at W. A jump in WAAD marks the start of a new
@@ -13,52 +14,37 @@ attention maps of a few middle layers we derive two per-token signals:
 
 The credit rules then amplify the advantage of chunk starts (local), anchors
 (global), or anchors with part of their credit handed to the token that
-introduced them (coupled). Everything here is pure tensor math;
-`cadence.models.attention` produces the maps. Two forms of each step:
+introduced them (coupled). The mode (`algorithm.credit`) is an argument; the
+constants are `RhythmConfig` (`algorithm.rhythm`).
 
-- per sample (`head_spans`, `waad`, `fai`, `credit_selection`, ...): one
-  sequence, vectorised over tokens. These are the readable definitions, used by
-  `cadence rhythm` and as the reference in tests;
-- batched (`cadence.algo.rhythm_batched`): every row of a
-  right-padded forward at once, with padding masks, for the trainer. A Python
-  loop over samples costs some twenty small tensor ops per sample, which on
-  short responses cost more than the forward itself. They compute the same
-  numbers (up to float summation order) and the same selections.
+One implementation, batched: every function takes the samples of one
+right-padded forward at once, since a Python loop over samples costs some
+twenty small tensor ops per sample, more than the forward itself on short
+responses. One sequence is a batch of one (`cadence rhythm`, the tests).
+Conventions:
+- maps are [B, layers, H, rows, N]; row r is position N - rows + r, so whole
+  maps have rows = N and `ActorAttention.maps(..., query_start=q)` gives
+  rows = N - q (q <= every sample's response start).
+- sample b holds positions 0..n_b - 1 (its `length`; right padding after) and
+  its response R_b = {p_b, ..., n_b - 1} (`response_start` p_b).
+- per-token outputs are [B, R_max] in response coordinates: entry [b, i] is
+  position p_b + i, meaningful where `valid[b, i]` (i < |R_b|), and 0 / False
+  / -1 elsewhere.
+Masks are applied with masked_fill / where rather than by multiplying: the
+rows of pad positions hold whatever the model computed there (NaN when an
+attention mask hid every key), and 0 * NaN would leak into the sums.
 
-Conventions used throughout:
-- N is the full sequence length (prompt + response), positions 0..N-1.
-- `response_start` = p is the first response position; the response positions
-  are R = {p, ..., N-1} and every per-token output has length |R| = N - p,
-  index i standing for position p + i.
-- Attention maps may be passed whole ([..., N, N]) or as response rows only
-  ([..., N - p, N]); the latter is what `ActorAttention` returns to save memory.
-
-Rules chosen where the paper leaves values open (all are config fields):
-- Top-q selection keeps k = ceil(q * |R|) tokens (so a short response still gets
-  a signal), breaking ties toward the earlier token, and only tokens with a
-  strictly positive score are eligible: a zero Delta is no chunk boundary and a
-  zero FAI is no measured influence. So R = 1 (Delta = FAI = 0) amplifies nothing.
-- Delta_t = |WAAD_t - WAAD_{t+1}|; the last response token has no successor and
-  gets Delta = 0.
-- FAI of a token with no future token inside the horizon (the last `fai_min`
-  response tokens) is 0.
-- Head classes take k = max(1, floor(fraction * n_heads)) heads from each end of
-  the span ranking over all (layer, head) pairs; ties keep the earlier head.
-- Coupled: tau_waad and tau_Delta default to the medians of WAAD and of the
-  real Deltas (the last token's artificial 0 excluded); alpha = 0.5; the
-  introducer of anchor a is argmax_{k=1..lookback} Delta_{a-k} (ties: nearest
-  token), looking back within the response only. A locally dominated anchor
-  keeps gamma = 1 + (1 - alpha)(gamma_amp - 1) and its introducer gains
-  alpha (gamma_amp - 1) on top of whatever it already has (additive, so the
-  total amplification is conserved; an introducer of several anchors, or one
-  that is itself an anchor, can exceed gamma_amp).
+Where the paper leaves a value open, the choice (a config field where it is a
+number) is stated in the docstring of the function that makes it; the coupled
+rule follows the public re-implementation the SPEC cites.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -67,16 +53,10 @@ CreditMode = Literal["none", "local", "global", "coupled"]
 
 
 class RhythmConfig(BaseModel):
-    """Attention-rhythm credit settings; defaults follow the paper where it gives a value."""
+    """Attention-rhythm constants (paper defaults); the mode is `algorithm.credit`, not here."""
 
     model_config = ConfigDict(extra="forbid")
 
-    credit: CreditMode = Field(
-        "none",
-        description="Which tokens get amplified advantages: none (plain advantages), local "
-        "(chunk starts by WAAD jumps), global (anchors by FAI) or coupled (anchors, with "
-        "locally dominated anchors sharing credit with their introducing token).",
-    )
     window: int = Field(10, ge=1, description="WAAD distance cap W: distances beyond W count as W.")
     fai_min: int = Field(10, ge=1, description="FAI horizon start: t - s >= fai_min.")
     fai_max: int = Field(100, ge=1, description="FAI horizon end: t - s <= fai_max.")
@@ -127,6 +107,16 @@ class RhythmConfig(BaseModel):
         "length floats, so lower it for long sequences.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _credit_lives_elsewhere(cls, data: object) -> object:
+        # The mode used to be here too (two knobs for one setting): point old configs at the one.
+        if isinstance(data, dict) and "credit" in data:
+            raise ValueError(
+                f"credit is not a rhythm constant; set algorithm.credit={data['credit']} instead"
+            )
+        return data
+
     @model_validator(mode="after")
     def _check_horizon(self) -> RhythmConfig:
         if self.fai_min > self.fai_max:
@@ -135,7 +125,7 @@ class RhythmConfig(BaseModel):
 
 
 # ----------------------------------------------------------------------------
-# Layers and heads
+# Layers and where each sample sits in the maps
 
 
 def select_layers(num_layers: int, k: int = 5) -> list[int]:
@@ -154,126 +144,185 @@ def select_layers(num_layers: int, k: int = 5) -> list[int]:
     return sorted(set(picks))
 
 
-def _response_rows(attn: torch.Tensor, response_start: int) -> torch.Tensor:
-    """The rows t in R of a map given whole [..., N, N] or as response rows [..., N-p, N]."""
-    n = attn.shape[-1]
-    if not 0 <= response_start < n:
-        raise ValueError(f"response_start {response_start} outside a sequence of length {n}")
-    rows = attn.shape[-2]
-    if rows == n:
-        return attn[..., response_start:, :]
-    if rows == n - response_start:
-        return attn
-    raise ValueError(
-        f"attention map of shape {tuple(attn.shape)}: expected {n} rows (whole map) or "
-        f"{n - response_start} (response rows) for response_start={response_start}"
-    )
+@dataclass
+class BatchLayout:
+    """Where each sample's response sits in the padded maps (see the module conventions)."""
+
+    valid_rows: torch.Tensor  # [B, rows]: map row r is a response row of sample b
+    align: torch.Tensor  # [B, R_max]: map row of response token i (clamped where invalid)
+    valid: torch.Tensor  # [B, R_max]: i < |R_b|
+    count: torch.Tensor  # [B]: |R_b|
+    start: torch.Tensor  # [B]: p_b
+    dist: torch.Tensor  # [rows, N]: t - s for t = the row's position, 0 above the diagonal
 
 
-def _distance(response_start: int, n: int, device: torch.device) -> torch.Tensor:
-    """dist[i, s] = t - s for t = response_start + i, clamped at 0 above the diagonal."""
-    t = torch.arange(response_start, n, device=device).unsqueeze(1)
-    s = torch.arange(n, device=device).unsqueeze(0)
-    return (t - s).clamp(min=0).to(torch.float32)
-
-
-def head_spans(attn: torch.Tensor, response_start: int) -> torch.Tensor:
-    """Attention span of every head: d_h = 1/|R| sum_{t in R} sum_{s<=t} A_h[t,s] (t - s).
-
-    `attn` is [H, N, N] (one layer) or [layers, H, N, N] (whole or response rows);
-    the result drops the last two dims: [H] or [layers, H]. Short spans mean a
-    head reads its neighbourhood (local), long spans mean it reaches far back.
-    """
-    rows = _response_rows(attn, response_start).float()
-    dist = _distance(response_start, attn.shape[-1], attn.device)
-    return (rows * dist).sum(-1).mean(-1)
-
-
-def classify_heads(spans: torch.Tensor, fraction: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat indices (into spans.flatten()) of the local and global heads.
-
-    k = max(1, floor(fraction * n)) heads each: local are the k shortest spans,
-    global the k longest. Sorting is stable, so equal spans keep the earlier
-    (layer, head) first in both rankings. With fraction <= 0.5 and n >= 2 the
-    classes are disjoint; a single head is both.
-    """
-    flat = spans.flatten()
-    n = flat.numel()
-    if n == 0:
-        raise ValueError("classify_heads: no heads")
-    k = max(1, math.floor(fraction * n + 1e-9))
-    ascending = torch.sort(flat, stable=True).indices
-    descending = torch.sort(flat, descending=True, stable=True).indices
-    return ascending[:k], descending[:k]
-
-
-def class_maps(
-    attn: torch.Tensor, local_idx: torch.Tensor, global_idx: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A_loc and A_glob: the mean map of each head class; attn is [layers, H, rows, N]."""
-    heads = attn.reshape(-1, *attn.shape[-2:]).float()
-    return heads[local_idx].mean(0), heads[global_idx].mean(0)
+def batch_layout(
+    maps: torch.Tensor, response_start: torch.Tensor, length: torch.Tensor
+) -> BatchLayout:
+    """Check maps [B, layers, H, rows, N] against each sample's response start and length."""
+    if maps.dim() != 5:
+        raise ValueError(f"maps must be [B, layers, H, rows, N], got {tuple(maps.shape)}")
+    b, rows, n = maps.shape[0], maps.shape[-2], maps.shape[-1]
+    device = maps.device
+    start = torch.as_tensor(response_start, device=device).long().flatten()
+    length = torch.as_tensor(length, device=device).long().flatten()
+    if start.numel() != b or length.numel() != b:
+        raise ValueError(
+            f"{start.numel()} response starts and {length.numel()} lengths for {b} samples"
+        )
+    first = n - rows  # position of map row 0
+    if rows > n or bool((start < first).any() | (start > length).any() | (length > n).any()):
+        raise ValueError(
+            f"maps with {rows} rows of {n} positions cover positions {first}..{n - 1}; every "
+            f"sample needs {first} <= response_start <= length <= {n} (got response_start "
+            f"{start.tolist()}, length {length.tolist()})"
+        )
+    count = length - start
+    r_max = max(int(count.max()), 1) if b else 1
+    pos = torch.arange(first, n, device=device)
+    valid_rows = (pos >= start[:, None]) & (pos < length[:, None])
+    i = torch.arange(r_max, device=device)
+    align = (start[:, None] - first + i).clamp(max=rows - 1)
+    dist = (pos[:, None] - torch.arange(n, device=device)).clamp(min=0).to(torch.float32)
+    return BatchLayout(valid_rows, align, i < count[:, None], count, start, dist)
 
 
 # ----------------------------------------------------------------------------
-# Per-token metrics
+# Heads
 
 
-def waad(a_loc: torch.Tensor, response_start: int, window: int = 10) -> torch.Tensor:
-    """Windowed average attention distance: WAAD_t = sum_{s<=t} A_loc[t,s] min(t - s, W).
+def head_spans(maps: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+    """Attention span of every head: d_(b,l,h) = 1/|R_b| sum_{t in R_b} sum_{s<=t} A[t,s] (t - s).
 
-    One value per response token ([N - p]). Capping at W keeps one far glance
-    from dominating: WAAD measures how local a token's reading is, and a jump
-    between neighbours marks a chunk boundary.
+    [B, layers, H, rows, N] -> [B, layers, H]; pad rows and prompt rows are left
+    out. Short spans mean a head reads its neighbourhood (local), long spans
+    mean it reaches far back (global).
     """
-    rows = _response_rows(a_loc, response_start).float()
-    dist = _distance(response_start, a_loc.shape[-1], a_loc.device).clamp(max=window)
-    return (rows * dist).sum(-1)
+    per_row = (maps.float() * layout.dist).sum(-1)  # [B, layers, H, rows]
+    per_row = per_row.masked_fill(~layout.valid_rows[:, None, None, :], 0.0)
+    return per_row.sum(-1) / layout.count.clamp(min=1)[:, None, None].to(per_row.dtype)
+
+
+def classify_heads(spans: torch.Tensor, fraction: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (layer, head) indices [B, k] of each sample's local and global heads; spans [B, ...].
+
+    k = max(1, floor(fraction * n)) heads each: local are the k shortest spans,
+    global the k longest. Sorting is stable, so equal spans keep the earlier
+    head first in both rankings. With fraction <= 0.5 and n >= 2 the classes
+    are disjoint; a single head is both.
+    """
+    flat = spans.flatten(1)
+    n = flat.shape[1]
+    if n == 0:
+        raise ValueError("classify_heads: no heads")
+    k = max(1, math.floor(fraction * n + 1e-9))
+    ascending = torch.sort(flat, dim=1, stable=True).indices
+    descending = torch.sort(flat, dim=1, descending=True, stable=True).indices
+    return ascending[:, :k], descending[:, :k]
+
+
+def class_maps(
+    maps: torch.Tensor, local_idx: torch.Tensor, global_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_loc and A_glob [B, rows, N]: the mean map of each sample's own head classes."""
+    heads = maps.flatten(1, 2).float()  # [B, layers * H, rows, N]
+
+    def mean_of(idx: torch.Tensor) -> torch.Tensor:
+        picked = heads.gather(1, idx[:, :, None, None].expand(-1, -1, *heads.shape[-2:]))
+        return picked.mean(1)
+
+    return mean_of(local_idx), mean_of(global_idx)
+
+
+# ----------------------------------------------------------------------------
+# Per-token signals
+
+
+def waad(a_loc: torch.Tensor, layout: BatchLayout, window: int = 10) -> torch.Tensor:
+    """Windowed average attention distance: WAAD_(b,t) = sum_{s<=t} A_loc[b,t,s] min(t - s, W).
+
+    [B, rows, N] -> [B, R_max]. Capping at W keeps one far glance from
+    dominating: WAAD measures how local a token's reading is, and a jump between
+    neighbours marks a chunk boundary.
+    """
+    per_row = (a_loc * layout.dist.clamp(max=window)).sum(-1)  # [B, rows]
+    return per_row.gather(1, layout.align).masked_fill(~layout.valid, 0.0)
 
 
 def fai(
-    a_glob: torch.Tensor, response_start: int, h_min: int = 10, h_max: int = 100
+    a_glob: torch.Tensor, layout: BatchLayout, h_min: int = 10, h_max: int = 100
 ) -> torch.Tensor:
-    """Future attention influence: FAI_s = mean_{t in R, s+h_min <= t <= min(N-1, s+h_max)} A_glob[t,s].
+    """Future attention influence; [B, rows, N] -> [B, R_max].
 
-    One value per response token s ([N - p]): how strongly the tokens 10..100
+    FAI_(b,s) = mean over t in R_b with s + h_min <= t <= min(n_b - 1, s + h_max)
+    of A_glob[b,t,s], 0 where no such t exists: how strongly the tokens 10..100
     positions later keep attending back to s, i.e. whether s is an anchor.
-    Tokens with no future token in the horizon get 0.
+    Read on each sample's response block [B, R_max (t), R_max (s)].
     """
-    rows = _response_rows(a_glob, response_start).float()
-    p = response_start
-    cols = rows[:, p:]  # [t, s], both over the response
-    r = cols.shape[0]
-    gap = torch.arange(r, device=cols.device).unsqueeze(1) - torch.arange(r, device=cols.device)
-    inside = ((gap >= h_min) & (gap <= h_max)).to(cols.dtype)
-    count = inside.sum(0)
-    return (cols * inside).sum(0) / count.clamp(min=1.0)
+    r_max, n = layout.valid.shape[1], a_glob.shape[-1]
+    rows = a_glob.gather(1, layout.align[:, :, None].expand(-1, -1, n))  # [B, t, N]
+    cols = (layout.start[:, None] + torch.arange(r_max, device=a_glob.device)).clamp(max=n - 1)
+    block = rows.gather(2, cols[:, None, :].expand(-1, r_max, -1))  # [B, t, s]
+    i = torch.arange(r_max, device=a_glob.device)
+    gap = i[:, None] - i[None, :]
+    # Only t in R_b counts; s beyond R_b then has no t (t > s), so its FAI is 0.
+    inside = ((gap >= h_min) & (gap <= h_max))[None] & layout.valid[:, :, None]
+    count = inside.sum(1).to(block.dtype)
+    return block.masked_fill(~inside, 0.0).sum(1) / count.clamp(min=1.0)
 
 
-def local_delta(waad_r: torch.Tensor) -> torch.Tensor:
-    """Delta_t = |WAAD_t - WAAD_{t+1}|, with Delta = 0 for the last token (it has no successor)."""
-    delta = torch.zeros_like(waad_r)
-    delta[:-1] = (waad_r[:-1] - waad_r[1:]).abs()
+def local_delta(waad_b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Delta_i = |WAAD_i - WAAD_(i+1)| per row, 0 for each row's last token and padding."""
+    delta = torch.zeros_like(waad_b)
+    delta[:, :-1] = (waad_b[:, :-1] - waad_b[:, 1:]).abs().masked_fill(~valid[:, 1:], 0.0)
     return delta
 
 
-def top_q_mask(score: torch.Tensor, q: float) -> torch.Tensor:
-    """The top ceil(q * R) tokens by score that also have score > 0 (ties: earlier token first)."""
-    r = score.numel()
-    k = min(r, math.ceil(q * r - 1e-9))
-    order = torch.sort(score, descending=True, stable=True).indices[:k]
-    mask = torch.zeros(r, dtype=torch.bool, device=score.device)
-    mask[order] = True
-    return mask & (score > 0)
+def top_q_mask(score: torch.Tensor, valid: torch.Tensor, q: float) -> torch.Tensor:
+    """Per row, the top ceil(q * |R_b|) valid tokens that also have score > 0 (ties: earlier).
+
+    ceil, so a short response still gets a signal; score > 0, because a zero
+    Delta is no chunk boundary and a zero FAI no measured influence (so a
+    one-token response, Delta = FAI = 0, is never amplified).
+    """
+    count = valid.sum(1)
+    # float64, like math.ceil(q * r - 1e-9): 0.6 * 5 is 3.0000000000000004, which must give 3.
+    k = torch.minimum(count, torch.ceil(q * count.double() - 1e-9).long())
+    # Padding sorts last; it sits after every real token, so stable ties still favour earlier.
+    order = torch.sort(
+        score.masked_fill(~valid, -math.inf), dim=1, descending=True, stable=True
+    ).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return (rank < k[:, None]) & (score > 0) & valid
 
 
 # ----------------------------------------------------------------------------
 # Credit
 
 
+def coupled_thresholds(
+    waad_b: torch.Tensor, delta: torch.Tensor, valid: torch.Tensor, cfg: RhythmConfig
+) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+    """tau_waad and tau_Delta of each row: [B, 1] medians over its tokens, or the set numbers.
+
+    The last token's Delta is an artificial 0 (no successor): left out of the median.
+    """
+
+    def threshold(rule: str | float, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | float:
+        if rule != "median":
+            return float(rule)
+        # nanquantile over a row is the quantile of its non-NaN (kept) entries.
+        return torch.nanquantile(x.float().masked_fill(~keep, math.nan), 0.5, 1, keepdim=True)
+
+    last = valid.sum(1, keepdim=True) - 1
+    real = torch.arange(valid.shape[1], device=valid.device) < last
+    return threshold(cfg.tau_waad, waad_b, valid), threshold(cfg.tau_delta, delta, real)
+
+
 @dataclass
 class CreditSelection:
-    """Which response tokens a credit rule touches, all [R] (introducer: -1 where none)."""
+    """Which response tokens a credit rule touches, all [B, R_max] (introducer: -1 where none)."""
 
     gamma: torch.Tensor
     delta: torch.Tensor
@@ -283,66 +332,120 @@ class CreditSelection:
     introducer: torch.Tensor  # index of the introducing token of each dominated anchor
 
 
-def _threshold(rule: Literal["median"] | float, values: torch.Tensor) -> float:
-    if rule != "median":
-        return float(rule)
-    if values.numel() == 0:
-        return math.inf
-    return float(torch.quantile(values.float(), 0.5))
-
-
 def credit_selection(
-    waad_r: torch.Tensor, fai_r: torch.Tensor, cfg: RhythmConfig
+    waad_b: torch.Tensor,
+    fai_b: torch.Tensor,
+    valid: torch.Tensor,
+    credit: CreditMode,
+    cfg: RhythmConfig,
 ) -> CreditSelection:
-    """The gammas of `cfg.credit` with the token sets behind them (see `credit_weights`)."""
-    r = waad_r.numel()
-    if fai_r.numel() != r:
-        raise ValueError(f"waad has {r} tokens but fai has {fai_r.numel()}")
-    waad_r, fai_r = waad_r.detach().float(), fai_r.detach().float()
+    """Per-token advantage multipliers gamma (detached, >= 1) and the token sets behind them.
+
+    Per row b, with Delta, T_loc, T_glob and the medians taken over its valid tokens:
+      none:    gamma = 1.
+      local:   gamma_t = 1 + (gamma_amp - 1) [t in T_loc], T_loc = top-q of Delta.
+      global:  gamma_t = 1 + (gamma_amp - 1) [t in T_glob], T_glob = top-q of FAI.
+      coupled: global, then each locally dominated anchor a (WAAD_a <= tau_waad and
+               max_{k=1..lookback} Delta_{a-k} >= tau_Delta, a - k in the response)
+               keeps 1 + (1 - alpha)(gamma_amp - 1) and its introducer
+               i = a - argmax_k Delta_{a-k} (ties: nearest) gains alpha (gamma_amp - 1).
+    tau_waad and tau_Delta default to the row's medians (`coupled_thresholds`).
+    The hand-over is additive, so total amplification is conserved; an
+    introducer of several anchors, or one that is itself an anchor, can exceed
+    gamma_amp. Inputs and fields are [B, R_max]; padding keeps gamma = 1, False
+    and introducer -1.
+    """
+    if credit not in get_args(CreditMode):
+        raise ValueError(f"credit must be one of {get_args(CreditMode)}, got {credit!r}")
+    if not waad_b.shape == fai_b.shape == valid.shape or waad_b.dim() != 2:
+        shapes = [tuple(t.shape) for t in (waad_b, fai_b, valid)]
+        raise ValueError(f"waad, fai and valid must be the same [B, R], got {shapes}")
+    waad_b, fai_b, valid = waad_b.detach().float(), fai_b.detach().float(), valid.bool()
+    b, r = waad_b.shape
+    device = waad_b.device
     boost = cfg.gamma_amp - 1.0
-    delta = local_delta(waad_r)
-    none = torch.zeros(r, dtype=torch.bool, device=waad_r.device)
-    gamma = torch.ones(r, device=waad_r.device)
-    introducer = torch.full((r,), -1, dtype=torch.long, device=waad_r.device)
+    delta = local_delta(waad_b, valid)
+    none = torch.zeros(b, r, dtype=torch.bool, device=device)
+    gamma = torch.ones(b, r, device=device)
+    introducer = torch.full((b, r), -1, dtype=torch.long, device=device)
     local, anchors, dominated = none, none, none.clone()
 
-    if cfg.credit == "local":
-        local = top_q_mask(delta, cfg.top_q)
+    if credit == "local":
+        local = top_q_mask(delta, valid, cfg.top_q)
         gamma = gamma + boost * local
-    elif cfg.credit in ("global", "coupled"):
-        anchors = top_q_mask(fai_r, cfg.top_q)
+    elif credit in ("global", "coupled"):
+        anchors = top_q_mask(fai_b, valid, cfg.top_q)
         gamma = gamma + boost * anchors
 
-    if cfg.credit == "coupled" and r > 1:
-        tau_w = _threshold(cfg.tau_waad, waad_r)
-        tau_d = _threshold(cfg.tau_delta, delta[:-1])
-        # back[k-1, a] = Delta_{a-k}, -inf where a - k falls before the response.
-        idx = torch.arange(r, device=delta.device)
-        ks = torch.arange(1, cfg.lookback + 1, device=delta.device).unsqueeze(1)
-        prev = idx.unsqueeze(0) - ks
-        back = delta[prev.clamp(min=0)].masked_fill(prev < 0, -math.inf)
-        best, k_best = back.max(0)  # ties -> first row, i.e. the nearest token
-        dominated = anchors & (waad_r <= tau_w) & (best >= tau_d) & (idx > 0)
-        src = idx[dominated]
-        dst = src - (k_best[dominated] + 1)
-        introducer[src] = dst
-        gamma[src] -= cfg.alpha * boost
-        gamma.index_add_(0, dst, torch.full_like(dst, cfg.alpha * boost, dtype=gamma.dtype))
+    if credit == "coupled":
+        count = valid.sum(1, keepdim=True)
+        idx = torch.arange(r, device=device)
+        tau_w, tau_d = coupled_thresholds(waad_b, delta, valid, cfg)
+        ks = torch.arange(1, cfg.lookback + 1, device=device).unsqueeze(1)
+        prev = idx.unsqueeze(0) - ks  # [lookback, R]
+        back = delta[:, prev.clamp(min=0)].masked_fill(prev < 0, -math.inf)  # [B, lookback, R]
+        best, k_best = back.max(1)  # ties -> first row, i.e. the nearest token
+        dominated = anchors & (waad_b <= tau_w) & (best >= tau_d) & (idx > 0) & (count > 1)
+        dst = idx - (k_best + 1)
+        introducer = torch.where(dominated, dst, introducer)
+        gamma = torch.where(dominated, gamma - cfg.alpha * boost, gamma)
+        share = torch.zeros_like(gamma).masked_fill(dominated, cfg.alpha * boost)
+        gamma = gamma.scatter_add(1, dst.clamp(min=0), share)
 
     return CreditSelection(gamma, delta, local, anchors, dominated, introducer)
 
 
-def credit_weights(waad_r: torch.Tensor, fai_r: torch.Tensor, cfg: RhythmConfig) -> torch.Tensor:
-    """Per-response-token advantage multipliers gamma [R] (detached, >= 1).
+@dataclass
+class RhythmBatch:
+    """Rhythm signals and credit of B samples; per-token fields [B, R_max], see `valid`."""
 
-    none:    gamma = 1.
-    local:   gamma_t = 1 + (gamma_amp - 1) [t in T_loc], T_loc = top-q of Delta.
-    global:  gamma_t = 1 + (gamma_amp - 1) [t in T_glob], T_glob = top-q of FAI.
-    coupled: global, then each locally dominated anchor a (WAAD_a <= tau_waad and
-             max_{k=1..lookback} Delta_{a-k} >= tau_Delta) moves alpha (gamma_amp - 1)
-             of its amplification to its introducer i = a - argmax_k Delta_{a-k}.
+    gamma: torch.Tensor
+    valid: torch.Tensor  # [B, R_max]: i < |R_b|
+    waad: torch.Tensor
+    fai: torch.Tensor
+    selection: CreditSelection  # delta, local, anchors, dominated, introducer ([B, R_max])
+    spans: torch.Tensor  # [B, layers, H]
+    local_heads: torch.Tensor  # [B, k] flat (layer, head) indices
+    global_heads: torch.Tensor  # [B, k]
+
+    def to(self, device: torch.device | str) -> RhythmBatch:
+        def moved(obj: object) -> dict[str, torch.Tensor]:
+            names = [f.name for f in dataclasses.fields(obj) if f.name != "selection"]
+            return {name: getattr(obj, name).to(device) for name in names}
+
+        return RhythmBatch(**moved(self), selection=CreditSelection(**moved(self.selection)))
+
+    def gammas(self) -> list[torch.Tensor]:
+        """Per-sample gamma vectors [|R_b|] (views into one tensor)."""
+        return list(self.gamma[self.valid].split(self.valid.sum(1).tolist()))
+
+
+def rhythm_credit(
+    maps: torch.Tensor,
+    response_start: torch.Tensor,
+    length: torch.Tensor,
+    credit: CreditMode,
+    cfg: RhythmConfig,
+) -> RhythmBatch:
+    """Head classes, WAAD, FAI and the `credit` gammas of B right-padded samples at once.
+
+    `maps` [B, layers, H, rows, N] (row r = position N - rows + r), `response_start`
+    [B] (p_b) and `length` [B] (n_b, real tokens of row b): head_spans ->
+    classify_heads -> class_maps -> waad / fai -> credit_selection. An empty
+    response (p_b = n_b) gets no tokens.
     """
-    return credit_selection(waad_r, fai_r, cfg).gamma
+    layout = batch_layout(maps, response_start, length)
+    spans = head_spans(maps, layout)
+    local_idx, global_idx = classify_heads(spans, cfg.head_fraction)
+    a_loc, a_glob = class_maps(maps, local_idx, global_idx)
+    w = waad(a_loc, layout, cfg.window)
+    f = fai(a_glob, layout, cfg.fai_min, cfg.fai_max)
+    sel = credit_selection(w, f, layout.valid, credit, cfg)
+    return RhythmBatch(sel.gamma, layout.valid, w, f, sel, spans, local_idx, global_idx)
+
+
+# ----------------------------------------------------------------------------
+# Applying the gammas
 
 
 def shape_advantages(

@@ -29,16 +29,12 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from cadence.algo.rhythm import (
+    CreditMode,
+    RhythmBatch,
     RhythmConfig,
-    class_maps,
-    classify_heads,
-    credit_selection,
-    fai,
-    head_spans,
+    rhythm_credit,
     select_layers,
-    waad,
 )
-from cadence.algo.rhythm_batched import RhythmBatch, rhythm_credit_batch
 
 
 class _StopForward(Exception):
@@ -170,22 +166,30 @@ class ActorAttention:
     # Credit
 
     def token_credit(
-        self, prompt_ids: torch.Tensor, response_ids: torch.Tensor, cfg: RhythmConfig
+        self,
+        prompt_ids: torch.Tensor,
+        response_ids: torch.Tensor,
+        credit: CreditMode,
+        cfg: RhythmConfig,
     ) -> tuple[torch.Tensor, dict]:
         """Gammas [R] for one sample: maps -> head classes -> WAAD / FAI -> credit rule.
 
-        info holds waad, fai, delta, spans, the local/global head indices, the
-        selected token masks (local, anchors, dominated, introducer), the layers
-        read and the weight version, all on CPU.
+        A batch of one through `token_credit_padded`. info holds waad, fai,
+        delta, spans, the local/global head indices, the selected token masks
+        (local, anchors, dominated, introducer), the layers read and the weight
+        version, all on CPU.
         """
-        p = prompt_ids.numel()
-        ids = torch.cat([prompt_ids.flatten(), response_ids.flatten()]).to(self.device)
-        return _credit_from_maps(self.maps(ids, query_start=p), p, cfg, self)
+        ids = torch.cat([prompt_ids.flatten(), response_ids.flatten()])[None]
+        gammas, infos = self.token_credit_padded(
+            ids, [prompt_ids.numel()], [ids.shape[1]], credit, cfg, with_info=True
+        )
+        return gammas[0], infos[0]
 
     def token_credit_batch(
         self,
         prompts: list[torch.Tensor],
         responses: list[torch.Tensor],
+        credit: CreditMode,
         cfg: RhythmConfig,
         micro_batch: int | None = None,
         pad_id: int = 0,
@@ -210,7 +214,14 @@ class ActorAttention:
         for row, seq in enumerate(seqs):
             ids[row, : seq.numel()] = seq
         gammas, infos = self.token_credit_padded(
-            ids, starts, lengths, cfg, micro_batch=micro_batch, pad_id=pad_id, with_info=with_info
+            ids,
+            starts,
+            lengths,
+            credit,
+            cfg,
+            micro_batch=micro_batch,
+            pad_id=pad_id,
+            with_info=with_info,
         )
         return list(zip(gammas, infos if with_info else [{} for _ in gammas], strict=True))
 
@@ -219,17 +230,18 @@ class ActorAttention:
         input_ids: torch.Tensor,
         response_start: torch.Tensor,
         lengths: torch.Tensor,
+        credit: CreditMode,
         cfg: RhythmConfig,
         micro_batch: int | None = None,
         pad_id: int = 0,
         with_info: bool = False,
     ) -> tuple[list[torch.Tensor], list[dict]]:
-        """Gammas [R_b] of every row of a right-padded batch, and their info dicts if asked.
+        """`credit`'s gammas [R_b] of every row of a right-padded batch, and info dicts if asked.
 
         Row b holds `lengths[b]` real tokens, its response from position
         `response_start[b]` on (a `TrainBatch` has these as attention_mask.sum(1)
         and response_start + 1). Per micro-batch of `micro_batch` rows (None:
-        `cfg.micro_batch`) one forward and one `rhythm_credit_batch`, no loop over
+        `cfg.micro_batch`) one forward and one `rhythm_credit`, no loop over
         samples. Right padding needs no attention mask: causal rows never see the
         pads after them, so each row's maps are its unpadded maps. Peak memory:
         micro_batch x layers x H x (n - min response start) x n floats for the
@@ -280,7 +292,7 @@ class ActorAttention:
             n, q0 = int(u_len[rows].max()), int(u_start[rows].min())
             q0 = min(q0, n - 1)  # maps need one row at least (an all-empty-response chunk)
             maps = self.maps(u_ids[rows, :n], query_start=q0)  # [b, layers, H, n - q0, n]
-            result = rhythm_credit_batch(maps, u_start[rows], u_len[rows], cfg)
+            result = rhythm_credit(maps, u_start[rows], u_len[rows], credit, cfg)
             # One device-to-host copy per micro-batch; the trainer needs only the gammas.
             if with_info:
                 result = result.to("cpu")
@@ -315,34 +327,3 @@ class ActorAttention:
             "layers": list(self.layer_ids),
             "version": self.version,
         }
-
-
-def _credit_from_maps(
-    maps: torch.Tensor, response_start: int, cfg: RhythmConfig, actor: ActorAttention
-) -> tuple[torch.Tensor, dict]:
-    """Rhythm credit from one sample's response-row maps [layers, H, R, N].
-
-    The per-sample reference path (`token_credit`, `cadence rhythm`); batches go
-    through `rhythm_credit_batch`, which computes the same numbers for all rows.
-    """
-    spans = head_spans(maps, response_start)
-    local_idx, global_idx = classify_heads(spans, cfg.head_fraction)
-    a_loc, a_glob = class_maps(maps, local_idx, global_idx)
-    w = waad(a_loc, response_start, cfg.window)
-    f = fai(a_glob, response_start, cfg.fai_min, cfg.fai_max)
-    sel = credit_selection(w, f, cfg)
-    info = {
-        "waad": w.cpu(),
-        "fai": f.cpu(),
-        "delta": sel.delta.cpu(),
-        "spans": spans.cpu(),
-        "local_heads": local_idx.cpu(),
-        "global_heads": global_idx.cpu(),
-        "local": sel.local.cpu(),
-        "anchors": sel.anchors.cpu(),
-        "dominated": sel.dominated.cpu(),
-        "introducer": sel.introducer.cpu(),
-        "layers": list(actor.layer_ids),
-        "version": actor.version,
-    }
-    return sel.gamma.cpu(), info

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from cadence.algo.rhythm import RhythmConfig, _threshold
+from cadence.algo.rhythm import CreditMode, RhythmConfig, coupled_thresholds
 
 SPACE = "\u2423"  # open box: a visible space
 COLORS = {
@@ -66,6 +66,7 @@ def plot_rhythm(
     labels: list[str],
     gamma: torch.Tensor,
     info: dict[str, Any],
+    credit: CreditMode,
     cfg: RhythmConfig,
     prompt: str = "",
     checkpoint: str = "",
@@ -73,8 +74,9 @@ def plot_rhythm(
 ) -> Path:
     """Write the 3-panel rhythm PNG for one response; returns `path`.
 
-    `gamma` and `info` are what `ActorAttention.token_credit` returns; `labels`
-    has one entry per response token (see `token_labels`).
+    `gamma` and `info` are what `ActorAttention.token_credit` returns for the
+    rule `credit` and constants `cfg`; `labels` has one entry per response
+    token (see `token_labels`).
     """
     import matplotlib
 
@@ -144,9 +146,10 @@ def plot_rhythm(
             zorder=6,
             label="introducer of a dominated anchor",
         )
-    if cfg.credit == "coupled" and r > 1:
-        tau_w = _threshold(cfg.tau_waad, w)
-        tau_d = _threshold(cfg.tau_delta, d[:-1])
+    if credit == "coupled" and r > 1:
+        # The thresholds credit_selection used: this response as a batch of one.
+        taus = coupled_thresholds(w[None], d[None], torch.ones(1, r, dtype=torch.bool), cfg)
+        tau_w, tau_d = (float(torch.as_tensor(tau).flatten()[0]) for tau in taus)
         ax_w.axhline(tau_w, color=COLORS["waad"], ls=":", lw=1, label=f"\u03c4_WAAD = {tau_w:.2f}")
         ax_w.axhline(
             tau_d, color=COLORS["delta"], ls=":", lw=1, label=f"\u03c4_\u0394 = {tau_d:.2f}"
@@ -280,7 +283,7 @@ def plot_rhythm(
 
     n_local = len(info.get("local_heads", []))
     n_global = len(info.get("global_heads", []))
-    head = f"{checkpoint}  |  credit = {cfg.credit}" if checkpoint else f"credit = {cfg.credit}"
+    head = f"{checkpoint}  |  credit = {credit}" if checkpoint else f"credit = {credit}"
     title = (
         f"{head}  |  prompt: {_short(prompt)}\n"
         f"{r} tokens, {amplified.mean():.0%} amplified, mean \u03b3 {float(g.mean()):.3f}  |  "

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from cadence.algo.rhythm import RhythmConfig
+from cadence.algo.rhythm import CreditMode, RhythmConfig
 from cadence.config import ConfigError, _explain, parse_override
 
 CREDIT_MODES = ("local", "global", "coupled")
@@ -43,10 +43,15 @@ CREDIT_MODES = ("local", "global", "coupled")
 # Inputs
 
 
-def rhythm_config(credit: str, overrides: list[str] | None = None) -> RhythmConfig:
-    """RhythmConfig from `--credit` and `key=value` constants (values parsed as YAML)."""
+def check_credit(credit: str) -> CreditMode:
+    """The `--credit` mode, checked (`none` would have nothing to show)."""
     if credit not in CREDIT_MODES:
         raise ConfigError(f"--credit must be one of {', '.join(CREDIT_MODES)}, got {credit!r}")
+    return credit
+
+
+def rhythm_config(overrides: list[str] | None = None) -> RhythmConfig:
+    """RhythmConfig from `key=value` constants (values parsed as YAML)."""
     values: dict[str, Any] = {}
     for text in overrides or []:
         path, value = parse_override(text)
@@ -56,7 +61,7 @@ def rhythm_config(credit: str, overrides: list[str] | None = None) -> RhythmConf
             raise ConfigError("set the credit mode with --credit, not credit=")
         values[path[0]] = value
     try:
-        return RhythmConfig(credit=credit, **values)
+        return RhythmConfig(**values)
     except ValidationError as err:
         raise ConfigError(
             _explain(err, RhythmConfig).replace("invalid config:", "invalid rhythm constants:", 1)
@@ -162,6 +167,7 @@ class RhythmResult:
     labels: list[str]
     gamma: torch.Tensor
     info: dict[str, Any]
+    credit: CreditMode
     cfg: RhythmConfig
     out: Path
     notes: list[str] = field(default_factory=list)
@@ -176,7 +182,7 @@ class RhythmResult:
 
     def summary(self) -> str:
         return (
-            f"{len(self.response_ids)} response tokens, credit {self.cfg.credit}: "
+            f"{len(self.response_ids)} response tokens, credit {self.credit}: "
             f"{self.amplified_frac:.1%} amplified, mean gamma {self.gamma_mean:.3f}"
         )
 
@@ -233,7 +239,8 @@ def run_rhythm(
 
     if (prompt is None) == (rollout is None):
         raise ConfigError("give a PROMPT or --from-rollout FILE (exactly one)")
-    cfg = rhythm_config(credit, overrides)
+    credit = check_credit(credit)
+    cfg = rhythm_config(overrides)
     problem = model_path_problem(checkpoint)
     if problem is not None:
         raise ConfigError(f"checkpoint {checkpoint!r}: {problem}")
@@ -277,6 +284,7 @@ def run_rhythm(
     gamma, info = actor.token_credit(
         torch.tensor(prompt_ids, dtype=torch.long),
         torch.tensor(response_ids, dtype=torch.long),
+        credit,
         cfg,
     )
     if len(response_ids) <= cfg.fai_min:
@@ -292,10 +300,11 @@ def run_rhythm(
         labels=labels,
         gamma=gamma,
         info=info,
+        credit=credit,
         cfg=cfg,
         out=out,
         notes=notes,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    plot_rhythm(out, labels, gamma, info, cfg, prompt=prompt_text, checkpoint=checkpoint)
+    plot_rhythm(out, labels, gamma, info, credit, cfg, prompt=prompt_text, checkpoint=checkpoint)
     return result

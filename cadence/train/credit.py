@@ -16,22 +16,28 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from cadence.algo.rhythm import RhythmConfig, credit_metrics
+from cadence.algo.rhythm import CreditMode, RhythmConfig, credit_metrics
 from cadence.models.attention import ActorAttention
 from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
 
 
 class AttentionCredit:
-    """Gammas for the trainer from `actor_attn`; `micro_batch` overrides `cfg.micro_batch`."""
+    """Gammas for the trainer from `actor_attn`.
+
+    `credit` is `algorithm.credit` (the rule), `cfg` is `algorithm.rhythm` (its
+    constants); `micro_batch` overrides `cfg.micro_batch`.
+    """
 
     def __init__(
         self,
         policy: PreTrainedModel,
+        credit: CreditMode,
         cfg: RhythmConfig,
         pad_id: int,
         micro_batch: int | None = None,
     ) -> None:
+        self.credit = credit
         self.cfg = cfg
         self.pad_id = pad_id
         self.micro_batch = micro_batch or cfg.micro_batch
@@ -54,6 +60,7 @@ class AttentionCredit:
             batch.input_ids,
             batch.response_start + 1,
             batch.attention_mask.sum(1),
+            self.credit,
             self.cfg,
             micro_batch=self.micro_batch,
             pad_id=self.pad_id,
@@ -71,12 +78,20 @@ class RemoteCredit:
     every step (one object-store copy), batches in and gammas out.
     """
 
-    def __init__(self, policy: PreTrainedModel, policy_path: str, cfg: RhythmConfig, pad_id: int, cpus: float) -> None:
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        policy_path: str,
+        credit: CreditMode,
+        cfg: RhythmConfig,
+        pad_id: int,
+        cpus: float,
+    ) -> None:
         from cadence.models.loading import load_policy
 
         def make() -> AttentionCredit:  # built inside the actor process, where it lives
             torch.set_num_threads(max(1, int(cpus)))
-            return AttentionCredit(load_policy(policy_path), cfg, pad_id)
+            return AttentionCredit(load_policy(policy_path), credit, cfg, pad_id)
 
         self._call = remote_object(make, cpus)
         self.last_seconds = 0.0

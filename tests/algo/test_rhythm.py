@@ -1,7 +1,8 @@
-"""Attention-rhythm math: metrics against direct loops, head classes, credit rules."""
+"""Attention-rhythm math: metrics against direct loops, head classes, credit rules, padding."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,21 +12,24 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cadence.algo.rhythm import (
+    BatchLayout,
+    CreditSelection,
     RhythmConfig,
+    batch_layout,
     class_maps,
     classify_heads,
     credit_metrics,
     credit_selection,
-    credit_weights,
     fai,
     head_spans,
     local_delta,
+    rhythm_credit,
     select_layers,
     shape_advantages,
     top_q_mask,
     waad,
 )
-from cadence.algo.rhythm_batched import credit_selection_batch, rhythm_credit_batch
+from cadence.config import ConfigError, load_config
 
 
 def causal_maps(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -35,6 +39,48 @@ def causal_maps(*shape: int, seed: int = 0) -> torch.Tensor:
     logits = torch.randn(*shape, n, generator=g, dtype=torch.float64) * 2
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     return logits.masked_fill(future, -math.inf).softmax(-1)
+
+
+# ----------------------------------------------------------------------------
+# One sequence is a batch of one: these wrap the batched functions, no formula of their own.
+
+
+def layout_of(a: torch.Tensor, p: int) -> BatchLayout:
+    """Layout of one sequence whose map(s) `a` [..., rows, N] are whole (rows = N) or response rows."""
+    one = a.reshape(-1, *a.shape[-2:])[None, :1, None]  # [1, 1, 1, rows, N]
+    return batch_layout(one, torch.tensor([p]), torch.tensor([a.shape[-1]]))
+
+
+def waad1(a: torch.Tensor, p: int, w: int = 10) -> torch.Tensor:
+    return waad(a.float()[None], layout_of(a, p), w)[0]
+
+
+def fai1(a: torch.Tensor, p: int, h_min: int = 10, h_max: int = 100) -> torch.Tensor:
+    return fai(a.float()[None], layout_of(a, p), h_min, h_max)[0]
+
+
+def spans1(heads: torch.Tensor, p: int) -> torch.Tensor:
+    """head_spans of one sequence's maps [layers, H, rows, N] -> [layers, H]."""
+    return head_spans(heads.float()[None], layout_of(heads, p))[0]
+
+
+def select1(w: torch.Tensor, f: torch.Tensor, credit: str, **cfg) -> CreditSelection:
+    """credit_selection of one response's WAAD and FAI [R]; fields [R]."""
+    valid = torch.ones(1, w.numel(), dtype=torch.bool)
+    sel = credit_selection(w[None], f[None], valid, credit, RhythmConfig(**cfg))
+    return CreditSelection(*(getattr(sel, f.name)[0] for f in dataclasses.fields(sel)))
+
+
+def gamma1(w: torch.Tensor, f: torch.Tensor, credit: str, **cfg) -> list[float]:
+    return select1(w, f, credit, **cfg).gamma.tolist()
+
+
+def top1(score: torch.Tensor, q: float) -> torch.Tensor:
+    return top_q_mask(score[None], torch.ones(1, score.numel(), dtype=torch.bool), q)[0]
+
+
+def delta1(w: torch.Tensor) -> torch.Tensor:
+    return local_delta(w[None], torch.ones(1, w.numel(), dtype=torch.bool))[0]
 
 
 # ----------------------------------------------------------------------------
@@ -69,17 +115,16 @@ def loop_span(a: torch.Tensor, p: int) -> float:
 def test_waad_fai_span_match_loops(seed: int) -> None:
     n, p = 40, 7
     a = causal_maps(n, seed=seed)
-    assert torch.allclose(waad(a, p, 10), torch.tensor(loop_waad(a, p, 10), dtype=torch.float32))
+    assert torch.allclose(waad1(a, p, 10), torch.tensor(loop_waad(a, p, 10), dtype=torch.float32))
     assert torch.allclose(
-        fai(a, p, 10, 100), torch.tensor(loop_fai(a, p, 10, 100), dtype=torch.float32)
+        fai1(a, p, 10, 100), torch.tensor(loop_fai(a, p, 10, 100), dtype=torch.float32)
     )
-    assert torch.allclose(fai(a, p, 3, 8), torch.tensor(loop_fai(a, p, 3, 8), dtype=torch.float32))
+    assert torch.allclose(fai1(a, p, 3, 8), torch.tensor(loop_fai(a, p, 3, 8), dtype=torch.float32))
     heads = causal_maps(2, 3, n, seed=seed + 100)
-    spans = head_spans(heads, p)
+    spans = spans1(heads, p)
     assert spans.shape == (2, 3)
     expected = torch.tensor([[loop_span(heads[lay, h], p) for h in range(3)] for lay in range(2)])
     assert torch.allclose(spans, expected.float(), atol=1e-5)
-    assert torch.allclose(head_spans(heads[0], p), spans[0])
 
 
 @settings(max_examples=40, deadline=None)
@@ -94,7 +139,7 @@ def test_waad_fai_span_match_loops(seed: int) -> None:
 def test_metrics_match_loops_property(n, data, w, h_min, h_len, seed) -> None:
     p = data.draw(st.integers(0, n - 1))
     a = causal_maps(n, seed=seed)
-    got_w, got_f = waad(a, p, w), fai(a, p, h_min, h_min + h_len)
+    got_w, got_f = waad1(a, p, w), fai1(a, p, h_min, h_min + h_len)
     assert got_w.shape == got_f.shape == (n - p,)
     assert torch.isfinite(got_w).all() and torch.isfinite(got_f).all()
     assert torch.allclose(got_w, torch.tensor(loop_waad(a, p, w), dtype=torch.float32), atol=1e-6)
@@ -102,7 +147,7 @@ def test_metrics_match_loops_property(n, data, w, h_min, h_len, seed) -> None:
         got_f, torch.tensor(loop_fai(a, p, h_min, h_min + h_len), dtype=torch.float32), atol=1e-6
     )
     assert math.isclose(
-        float(head_spans(a[None], p)[0]), loop_span(a, p), rel_tol=1e-5, abs_tol=1e-6
+        float(spans1(a[None, None], p)), loop_span(a, p), rel_tol=1e-5, abs_tol=1e-6
     )
 
 
@@ -110,34 +155,34 @@ def test_response_rows_give_same_metrics() -> None:
     """Maps of response rows only ([N-p, N], what ActorAttention returns) read like whole maps."""
     n, p = 25, 9
     a = causal_maps(n, seed=3)
-    assert torch.equal(waad(a, p), waad(a[p:], p))
-    assert torch.equal(fai(a, p, 2, 9), fai(a[p:], p, 2, 9))
-    assert torch.equal(head_spans(a[None], p), head_spans(a[None, p:], p))
-    with pytest.raises(ValueError):
-        waad(a[p + 1 :], p)
+    assert torch.equal(waad1(a, p), waad1(a[p:], p))
+    assert torch.equal(fai1(a, p, 2, 9), fai1(a[p:], p, 2, 9))
+    assert torch.equal(spans1(a[None, None], p), spans1(a[None, None, p:], p))
+    with pytest.raises(ValueError, match="response_start"):
+        waad1(a[p + 1 :], p)
 
 
 def test_short_responses_have_no_nan() -> None:
     """R = 1 and R below every window: all metrics finite, FAI 0 where no future is in range."""
     for n, p in [(5, 4), (12, 4), (1, 0)]:
         a = causal_maps(n, seed=n)
-        w, f = waad(a, p, 10), fai(a, p, 10, 100)
+        w, f = waad1(a, p, 10), fai1(a, p, 10, 100)
         assert torch.isfinite(w).all() and torch.isfinite(f).all()
         assert (f == 0).all()  # R <= 10: no t with t - s >= 10
         for mode in ["none", "local", "global", "coupled"]:
-            g = credit_weights(w, f, RhythmConfig(credit=mode))
+            g = torch.tensor(gamma1(w, f, mode))
             assert g.shape == (n - p,) and torch.isfinite(g).all() and (g >= 1).all()
     # R = 1: Delta is 0 (no successor), so local never fires; FAI from real maps is 0 too.
     one = torch.tensor([0.7])
-    assert credit_weights(one, torch.zeros(1), RhythmConfig(credit="local")).tolist() == [1.0]
-    assert credit_weights(one, torch.zeros(1), RhythmConfig(credit="coupled")).tolist() == [1.0]
+    assert gamma1(one, torch.zeros(1), "local") == [1.0]
+    assert gamma1(one, torch.zeros(1), "coupled") == [1.0]
 
 
 def test_waad_is_capped_and_first_token_zero() -> None:
     n = 30
     a = torch.zeros(n, n)
     a[:, 0] = 1.0  # every token attends to position 0 only
-    w = waad(a, 0, window=10)
+    w = waad1(a, 0, w=10)
     assert w.tolist() == [float(min(t, 10)) for t in range(n)]
 
 
@@ -163,27 +208,30 @@ def test_select_layers() -> None:
 
 
 def test_classify_heads_fractions() -> None:
+    def classes(spans: torch.Tensor, fraction: float) -> tuple[list[int], list[int]]:
+        local, glob = classify_heads(spans[None], fraction)  # a batch of one
+        return local[0].tolist(), glob[0].tolist()
+
     spans = torch.tensor([[5.0, 1.0, 9.0, 3.0, 7.0], [2.0, 8.0, 4.0, 6.0, 0.0]])
-    local, glob = classify_heads(spans, 0.3)  # floor(0.3 * 10) = 3 each
-    assert local.tolist() == [9, 1, 5]  # spans 0, 1, 2
-    assert glob.tolist() == [2, 6, 4]  # spans 9, 8, 7
-    assert set(local.tolist()).isdisjoint(glob.tolist())
-    local, glob = classify_heads(spans, 0.5)
-    assert len(local) == len(glob) == 5 and set(local.tolist()).isdisjoint(glob.tolist())
-    local, glob = classify_heads(torch.arange(4.0), 0.3)  # floor(1.2) = 1
-    assert local.tolist() == [0] and glob.tolist() == [3]
-    local, glob = classify_heads(torch.tensor([2.0]), 0.3)  # one head is both classes
-    assert local.tolist() == glob.tolist() == [0]
-    local, _ = classify_heads(torch.ones(6), 0.3)  # ties keep the earlier head
-    assert local.tolist() == [0]
+    local, glob = classes(spans, 0.3)  # floor(0.3 * 10) = 3 each
+    assert local == [9, 1, 5]  # spans 0, 1, 2
+    assert glob == [2, 6, 4]  # spans 9, 8, 7
+    local, glob = classes(spans, 0.5)
+    assert len(local) == len(glob) == 5 and set(local).isdisjoint(glob)
+    assert classes(torch.arange(4.0), 0.3) == ([0], [3])  # floor(1.2) = 1
+    assert classes(torch.tensor([2.0]), 0.3) == ([0], [0])  # one head is both classes
+    assert classes(torch.ones(6), 0.3)[0] == [0]  # ties keep the earlier head
+    # Each sample of a batch ranks its own heads.
+    local, glob = classify_heads(torch.stack([spans, -spans]), 0.3)
+    assert local.tolist() == [[9, 1, 5], [2, 6, 4]] and glob.tolist() == [[2, 6, 4], [9, 1, 5]]
 
 
 def test_class_maps_average_their_heads() -> None:
     maps = causal_maps(2, 3, 8, seed=1)
-    a_loc, a_glob = class_maps(maps, torch.tensor([0, 4]), torch.tensor([5]))
-    assert torch.allclose(a_loc, ((maps[0, 0] + maps[1, 1]) / 2).float())
-    assert torch.allclose(a_glob, maps[1, 2].float())
-    assert torch.allclose(a_loc.sum(-1), torch.ones(8))
+    a_loc, a_glob = class_maps(maps[None], torch.tensor([[0, 4]]), torch.tensor([[5]]))
+    assert torch.allclose(a_loc[0], ((maps[0, 0] + maps[1, 1]) / 2).float())
+    assert torch.allclose(a_glob[0], maps[1, 2].float())
+    assert torch.allclose(a_loc[0].sum(-1), torch.ones(8))
 
 
 # ----------------------------------------------------------------------------
@@ -192,31 +240,29 @@ def test_class_maps_average_their_heads() -> None:
 
 def test_top_q_mask_ceil_positive_and_ties() -> None:
     score = torch.tensor([0.1, 0.5, 0.2, 0.5, 0.0])
-    assert top_q_mask(score, 0.4).tolist() == [False, True, False, True, False]  # k = 2
-    assert top_q_mask(score, 0.2).tolist() == [False, True, False, False, False]  # tie -> earlier
-    assert top_q_mask(score, 0.5).tolist() == [False, True, True, True, False]  # ceil(2.5) = 3
-    assert top_q_mask(score, 1.0).sum() == 4  # the zero score is never selected
-    assert top_q_mask(torch.ones(5), 0.6).sum() == 3  # 0.6 * 5 is 3.0000000000000004 in floats
-    assert top_q_mask(torch.ones(3), 0.1).sum() == 1  # ceil: a short response still gets one
+    assert top1(score, 0.4).tolist() == [False, True, False, True, False]  # k = 2
+    assert top1(score, 0.2).tolist() == [False, True, False, False, False]  # tie -> earlier
+    assert top1(score, 0.5).tolist() == [False, True, True, True, False]  # ceil(2.5) = 3
+    assert top1(score, 1.0).sum() == 4  # the zero score is never selected
+    assert top1(torch.ones(5), 0.6).sum() == 3  # 0.6 * 5 is 3.0000000000000004 in floats
+    assert top1(torch.ones(3), 0.1).sum() == 1  # ceil: a short response still gets one
 
 
 def test_local_delta() -> None:
-    delta = local_delta(torch.tensor([0.0, 1.0, 1.0, 4.0, 4.0]))
-    assert delta.tolist() == [1.0, 0.0, 3.0, 0.0, 0.0]
-    assert local_delta(torch.tensor([2.0])).tolist() == [0.0]
+    assert delta1(torch.tensor([0.0, 1.0, 1.0, 4.0, 4.0])).tolist() == [1.0, 0.0, 3.0, 0.0, 0.0]
+    assert delta1(torch.tensor([2.0])).tolist() == [0.0]
 
 
 def test_credit_none_local_global() -> None:
     w = torch.tensor([0.0, 1.0, 1.0, 4.0, 4.0])  # Delta = [1, 0, 3, 0, 0]
     f = torch.tensor([0.1, 0.5, 0.2, 0.5, 0.0])
-    assert credit_weights(w, f, RhythmConfig()).tolist() == [1.0] * 5
-    local = RhythmConfig(credit="local")  # k = 2: Delta 3 and 1
-    assert credit_weights(w, f, local).tolist() == [1.5, 1.0, 1.5, 1.0, 1.0]
+    assert gamma1(w, f, "none") == [1.0] * 5
+    assert gamma1(w, f, "local") == [1.5, 1.0, 1.5, 1.0, 1.0]  # k = 2: Delta 3 and 1
     # q = 0.6 -> k = 3, but the third-best Delta is 0: not a boundary, not selected.
-    wider = RhythmConfig(credit="local", top_q=0.6)
-    assert credit_weights(w, f, wider).tolist() == [1.5, 1.0, 1.5, 1.0, 1.0]
-    glob = RhythmConfig(credit="global", gamma_amp=2.0)
-    assert credit_weights(w, f, glob).tolist() == [1.0, 2.0, 1.0, 2.0, 1.0]
+    assert gamma1(w, f, "local", top_q=0.6) == [1.5, 1.0, 1.5, 1.0, 1.0]
+    assert gamma1(w, f, "global", gamma_amp=2.0) == [1.0, 2.0, 1.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match="credit"):
+        gamma1(w, f, "all")
 
 
 def test_credit_coupled_hand_computed() -> None:
@@ -229,7 +275,7 @@ def test_credit_coupled_hand_computed() -> None:
     # Dominated anchors keep 1 + 0.5 * 0.5, introducers gain 0.5 * 0.5.
     w = torch.tensor([0.0, 4.0, 4.0, 1.0, 1.0, 5.0])
     f = torch.tensor([0.0, 0.1, 0.0, 0.9, 0.8, 0.05])
-    sel = credit_selection(w, f, RhythmConfig(credit="coupled"))
+    sel = select1(w, f, "coupled")
     assert sel.gamma.tolist() == [1.25, 1.5, 1.25, 1.25, 1.25, 1.0]
     assert sel.anchors.tolist() == [False, True, False, True, True, False]
     assert sel.dominated.tolist() == [False, False, False, True, True, False]
@@ -238,25 +284,24 @@ def test_credit_coupled_hand_computed() -> None:
     assert math.isclose(float((sel.gamma - 1).sum()), 1.5)
 
     # Numeric thresholds: nothing is dominated with tau_waad below every WAAD -> global rule.
-    strict = RhythmConfig(credit="coupled", tau_waad=-1.0)
-    assert credit_weights(w, f, strict).tolist() == [1.0, 1.5, 1.0, 1.5, 1.5, 1.0]
+    assert gamma1(w, f, "coupled", tau_waad=-1.0) == [1.0, 1.5, 1.0, 1.5, 1.5, 1.0]
     # alpha = 1 hands everything over; tau_delta = 3.5 drops anchor 4 (its window max is 3).
-    full = RhythmConfig(credit="coupled", alpha=1.0, tau_delta=3.5)
-    assert credit_weights(w, f, full).tolist() == [1.5, 1.5, 1.0, 1.0, 1.5, 1.0]
+    full = gamma1(w, f, "coupled", alpha=1.0, tau_delta=3.5)
+    assert full == [1.5, 1.5, 1.0, 1.0, 1.5, 1.0]
 
 
 def test_coupled_introducer_ties_nearest_and_accumulates() -> None:
     # Delta = [2, 2, 0, 0]; anchors 2 and 3 (top FAI, q = 0.5); low WAAD, tau_delta 1.
     w = torch.tensor([1.0, 3.0, 1.0, 1.0])
     f = torch.tensor([0.0, 0.0, 0.9, 0.8])
-    cfg = RhythmConfig(credit="coupled", top_q=0.5, tau_waad=1.0, tau_delta=1.0)
-    sel = credit_selection(w, f, cfg)
+    cfg = {"top_q": 0.5, "tau_waad": 1.0, "tau_delta": 1.0}
+    sel = select1(w, f, "coupled", **cfg)
     # anchor 2 looks back at Delta_1 = 2, Delta_0 = 2: tie -> nearest, introducer 1.
     # anchor 3 looks back at Delta_2 = 0, Delta_1 = 2, Delta_0 = 2 -> introducer 1.
     assert sel.introducer.tolist() == [-1, -1, 1, 1]
     assert sel.gamma.tolist() == [1.0, 1.5, 1.25, 1.25]
     # The first response token has no look-back window: an anchor there is never dominated.
-    sel = credit_selection(torch.tensor([0.0, 5.0]), torch.tensor([1.0, 0.0]), cfg)
+    sel = select1(torch.tensor([0.0, 5.0]), torch.tensor([1.0, 0.0]), "coupled", **cfg)
     assert sel.gamma.tolist() == [1.5, 1.0] and not sel.dominated.any()
 
 
@@ -296,7 +341,7 @@ def test_credit_metrics() -> None:
 
 def test_config_validation() -> None:
     cfg = RhythmConfig()
-    assert (cfg.credit, cfg.window, cfg.fai_min, cfg.fai_max) == ("none", 10, 10, 100)
+    assert (cfg.window, cfg.fai_min, cfg.fai_max) == (10, 10, 100)
     assert (cfg.head_fraction, cfg.gamma_amp, cfg.top_q, cfg.both_signs) == (0.3, 1.5, 0.4, True)
     assert (cfg.alpha, cfg.lookback, cfg.layers, cfg.micro_batch) == (0.5, 3, 5, 128)
     assert cfg.tau_waad == cfg.tau_delta == "median"
@@ -305,7 +350,6 @@ def test_config_validation() -> None:
         {"typo": 1},
         {"fai_min": 50, "fai_max": 20},
         {"head_fraction": 0.6},
-        {"credit": "all"},
         {"tau_delta": "mean"},
         {"micro_batch": 0},
     ]:
@@ -313,30 +357,20 @@ def test_config_validation() -> None:
             RhythmConfig(**bad)
 
 
+def test_credit_is_one_knob() -> None:
+    """The mode is algorithm.credit only; the old algorithm.rhythm.credit points there."""
+    with pytest.raises(ValidationError, match="algorithm.credit=local"):
+        RhythmConfig(credit="local")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.rhythm.credit=coupled", "algorithm.rhythm.top_q=0.3"])
+    assert "set algorithm.credit=coupled instead" in str(err.value)
+    cfg = load_config(None, ["algorithm.credit=local", "algorithm.rhythm.top_q=0.3"])
+    assert cfg.algorithm.credit == "local" and cfg.algorithm.rhythm.top_q == 0.3
+    assert load_config(None, []).algorithm.credit == "none"
+
+
 # ----------------------------------------------------------------------------
-# Batched over samples == per sample
-
-
-def per_sample(maps: torch.Tensor, p: int, cfg: RhythmConfig) -> dict[str, torch.Tensor]:
-    """The readable per-sample chain on one sample's maps [layers, H, rows, N]."""
-    spans = head_spans(maps, p)
-    loc, glob = classify_heads(spans, cfg.head_fraction)
-    a_loc, a_glob = class_maps(maps, loc, glob)
-    w, f = waad(a_loc, p, cfg.window), fai(a_glob, p, cfg.fai_min, cfg.fai_max)
-    sel = credit_selection(w, f, cfg)
-    return {
-        "spans": spans,
-        "local_heads": loc,
-        "global_heads": glob,
-        "waad": w,
-        "fai": f,
-        "gamma": sel.gamma,
-        "delta": sel.delta,
-        "local": sel.local,
-        "anchors": sel.anchors,
-        "dominated": sel.dominated,
-        "introducer": sel.introducer,
-    }
+# Padded batches: each row reads as that sample alone, so padding never leaks
 
 
 def padded_maps(
@@ -356,80 +390,78 @@ def padded_maps(
 
 
 BATCH_CONFIGS = [
-    {"credit": "none"},
-    {"credit": "local"},
-    {"credit": "local", "top_q": 0.25, "window": 3, "head_fraction": 0.5},
-    {"credit": "global"},
-    {"credit": "global", "fai_min": 2, "fai_max": 6},
-    {"credit": "coupled"},
-    {"credit": "coupled", "fai_min": 2, "fai_max": 9, "lookback": 2},
-    {"credit": "coupled", "fai_min": 1, "fai_max": 4, "alpha": 1.0, "top_q": 0.6},
-    {"credit": "coupled", "fai_min": 3, "tau_waad": 3.0, "tau_delta": 0.5},
+    ("none", {}),
+    ("local", {}),
+    ("local", {"top_q": 0.25, "window": 3, "head_fraction": 0.5}),
+    ("global", {}),
+    ("global", {"fai_min": 2, "fai_max": 6}),
+    ("coupled", {}),
+    ("coupled", {"fai_min": 2, "fai_max": 9, "lookback": 2}),
+    ("coupled", {"fai_min": 1, "fai_max": 4, "alpha": 1.0, "top_q": 0.6}),
+    ("coupled", {"fai_min": 3, "tau_waad": 3.0, "tau_delta": 0.5}),
 ]
 
 
-@pytest.mark.parametrize("both_signs", [True, False])
-@pytest.mark.parametrize("overrides", BATCH_CONFIGS)
-def test_batched_credit_equals_per_sample(overrides: dict, both_signs: bool) -> None:
-    """Mixed prompt and response lengths (1 to 17 tokens) in one padded batch."""
-    cfg = RhythmConfig(both_signs=both_signs, **overrides)
+@pytest.mark.parametrize(("credit", "overrides"), BATCH_CONFIGS)
+def test_padded_batch_rows_match_loops_and_batch_of_one(credit: str, overrides: dict) -> None:
+    """Mixed prompt and response lengths (1 to 17 tokens) in one padded batch with NaN padding."""
+    cfg = RhythmConfig(**overrides)
     prompts = [4, 6, 3, 6, 9, 5, 3, 7]
     responses = [3, 1, 17, 2, 12, 8, 4, 6]
     lengths = [p + r for p, r in zip(prompts, responses, strict=True)]
     maps, q0 = padded_maps(prompts, lengths, seed=len(str(overrides)))
-    got = rhythm_credit_batch(maps, torch.tensor(prompts), torch.tensor(lengths), cfg)
+    got = rhythm_credit(maps, torch.tensor(prompts), torch.tensor(lengths), credit, cfg)
     assert got.gamma.shape == got.valid.shape == (8, 17)
     assert got.valid.sum(1).tolist() == responses
     assert torch.isfinite(got.gamma).all() and torch.isfinite(got.waad).all()
-    assert (got.gamma[~got.valid] == 1).all()
-    if cfg.credit == "coupled":  # the hand-over itself is exercised, not only the anchors
+    assert (got.gamma[~got.valid] == 1).all() and (got.selection.introducer[~got.valid] == -1).all()
+    if credit == "coupled":  # the hand-over itself is exercised, not only the anchors
         assert got.selection.dominated.any()
-    gammas = got.gammas()
-    for b, (p, length) in enumerate(zip(prompts, lengths, strict=True)):
-        ref = per_sample(maps[b, :, :, p - q0 : length - q0, :length], p, cfg)
-        r = responses[b]
-        assert torch.allclose(gammas[b], ref["gamma"], atol=1e-6, rtol=0)
-        for name in ("waad", "fai", "delta"):
-            row = getattr(got.selection if name == "delta" else got, name)[b]
-            # Same sums in another order: equal up to float32 rounding.
-            assert torch.allclose(row[:r], ref[name], atol=1e-6, rtol=1e-6), name
-        assert torch.allclose(got.spans[b], ref["spans"], atol=1e-6, rtol=1e-6)
-        assert torch.equal(got.local_heads[b], ref["local_heads"])
-        assert torch.equal(got.global_heads[b], ref["global_heads"])
-        for name in ("local", "anchors", "dominated", "introducer"):
-            assert torch.equal(getattr(got.selection, name)[b, :r], ref[name]), name
-
-    # The shaped advantages, with either sign rule, are the same too.
-    width = max(lengths) - 1
-    mask = torch.zeros(8, width)
-    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        mask[b, p - 1 : p - 1 + r] = 1.0
-    adv = torch.randn(8, width, generator=torch.Generator().manual_seed(5))
-    refs = [
-        per_sample(maps[b, :, :, p - q0 : n - q0, :n], p, cfg)["gamma"]
-        for b, (p, n) in enumerate(zip(prompts, lengths, strict=True))
-    ]
-    assert torch.allclose(
-        shape_advantages(adv, gammas, mask, both_signs),
-        shape_advantages(adv, refs, mask, both_signs),
-        atol=1e-6,
-        rtol=0,
+    gammas, heads, horizon = (
+        got.gammas(),
+        (got.local_heads, got.global_heads),
+        (cfg.fai_min, cfg.fai_max),
     )
+    for b, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        own = maps[b, :, :, p - q0 : n - q0, :n]  # this sample's response rows, unpadded
+        r = responses[b]
+        # Against the SPEC loops (which index rows by position), on the heads this row picked.
+        whole = torch.zeros(2, 3, n, n, dtype=torch.float64)
+        whole[..., p:, :] = own
+        spans = [[loop_span(whole[lay, h], p) for h in range(3)] for lay in range(2)]
+        assert torch.allclose(got.spans[b], torch.tensor(spans).float(), atol=1e-6, rtol=1e-5)
+        a_loc, a_glob = (whole.flatten(0, 1)[got_heads[b]].mean(0) for got_heads in heads)
+        ref_waad, ref_fai = loop_waad(a_loc, p, cfg.window), loop_fai(a_glob, p, *horizon)
+        assert torch.allclose(got.waad[b, :r], torch.tensor(ref_waad).float(), atol=1e-6)
+        assert torch.allclose(got.fai[b, :r], torch.tensor(ref_fai).float(), atol=1e-6)
+        # Against the same sample alone (a batch of one): padding changes nothing, up to the
+        # float summation order over N columns.
+        alone = rhythm_credit(own[None], torch.tensor([p]), torch.tensor([n]), credit, cfg)
+        assert torch.allclose(gammas[b], alone.gammas()[0], atol=1e-6, rtol=0)
+        assert torch.allclose(got.selection.delta[b, :r], alone.selection.delta[0], atol=1e-6)
+        for name in ("local", "anchors", "dominated", "introducer"):
+            row, ref = getattr(got.selection, name)[b, :r], getattr(alone.selection, name)[0]
+            assert torch.equal(row, ref), name
 
 
-def test_batched_credit_whole_maps_and_empty_response() -> None:
+def test_whole_maps_and_empty_response() -> None:
     """Whole maps (rows = N) work too, and a response of 0 tokens gets no gammas."""
     prompts, lengths = [0, 3, 5], [9, 7, 5]
     maps, q0 = padded_maps([0, 3, 5], lengths, seed=3)
     assert q0 == 0 and maps.shape[-2] == maps.shape[-1] == 9
-    cfg = RhythmConfig(credit="coupled", fai_min=2)
-    got = rhythm_credit_batch(maps, torch.tensor(prompts), torch.tensor(lengths), cfg)
+    cfg = RhythmConfig(fai_min=2)
+    got = rhythm_credit(maps, torch.tensor(prompts), torch.tensor(lengths), "coupled", cfg)
     assert [g.numel() for g in got.gammas()] == [9, 4, 0]
     for b in range(2):
-        ref = per_sample(maps[b, ..., : lengths[b], : lengths[b]], prompts[b], cfg)
-        assert torch.equal(got.gammas()[b], ref["gamma"])
+        n, p = lengths[b], prompts[b]
+        alone = rhythm_credit(
+            maps[b : b + 1, ..., p:n, :n], torch.tensor([p]), torch.tensor([n]), "coupled", cfg
+        )
+        assert torch.equal(got.gammas()[b], alone.gammas()[0])
     with pytest.raises(ValueError, match="response_start"):
-        rhythm_credit_batch(maps[..., 2:, :], torch.tensor(prompts), torch.tensor(lengths), cfg)
+        rhythm_credit(
+            maps[..., 2:, :], torch.tensor(prompts), torch.tensor(lengths), "coupled", cfg
+        )
 
 
 @settings(max_examples=60, deadline=None)
@@ -442,26 +474,23 @@ def test_batched_credit_whole_maps_and_empty_response() -> None:
     taus=st.sampled_from([("median", "median"), (1.0, 0.5), (0.0, "median")]),
     seed=st.integers(0, 10_000),
 )
-def test_batched_selection_equals_per_sample_with_ties(
+def test_padded_selection_equals_each_row_alone_with_ties(
     rows, credit, top_q, lookback, alpha, taus, seed
 ) -> None:
-    """Quarter-step WAAD and FAI values, so ties and zero scores are common."""
+    """Quarter-step WAAD and FAI values, so ties and zero scores are common; padding is junk."""
     cfg = RhythmConfig(
-        credit=credit,
-        top_q=top_q,
-        lookback=lookback,
-        alpha=alpha,
-        tau_waad=taus[0],
-        tau_delta=taus[1],
+        top_q=top_q, lookback=lookback, alpha=alpha, tau_waad=taus[0], tau_delta=taus[1]
     )
     g = torch.Generator().manual_seed(seed)
     r_max = max(rows)
     w = torch.randint(0, 8, (len(rows), r_max), generator=g).float() / 4
     f = torch.randint(0, 4, (len(rows), r_max), generator=g).float() / 4
     valid = torch.arange(r_max) < torch.tensor(rows)[:, None]
-    got = credit_selection_batch(w, f, valid, cfg)
+    got = credit_selection(w, f, valid, credit, cfg)
     for b, r in enumerate(rows):
-        ref = credit_selection(w[b, :r], f[b, :r], cfg)
+        alone = credit_selection(
+            w[b : b + 1, :r], f[b : b + 1, :r], valid[b : b + 1, :r], credit, cfg
+        )
         for name in ("gamma", "delta", "local", "anchors", "dominated", "introducer"):
-            assert torch.equal(getattr(got, name)[b, :r], getattr(ref, name)), name
+            assert torch.equal(getattr(got, name)[b, :r], getattr(alone, name)[0]), name
         assert (got.gamma[b, r:] == 1).all() and (got.introducer[b, r:] == -1).all()

@@ -112,9 +112,9 @@ def test_update_weights_changes_maps(policy6) -> None:
 
 @pytest.mark.parametrize("mode", ["none", "local", "global", "coupled"])
 def test_token_credit(actor6, mode: str) -> None:
-    cfg = RhythmConfig(credit=mode, fai_min=2, fai_max=12)
+    cfg = RhythmConfig(fai_min=2, fai_max=12)
     prompt, response = ids(8, seed=3), ids(30, seed=4)
-    gamma, info = actor6.token_credit(prompt, response, cfg)
+    gamma, info = actor6.token_credit(prompt, response, mode, cfg)
     assert gamma.shape == info["waad"].shape == info["fai"].shape == (30,)
     assert torch.isfinite(gamma).all() and (gamma >= 1).all()
     assert info["layers"] == [2, 3, 4] and info["spans"].shape == (3, 4)
@@ -127,15 +127,16 @@ def test_token_credit(actor6, mode: str) -> None:
         assert 0 < info["anchors"].sum() <= 12  # ceil(0.4 * 30)
     # R = 1 and a response shorter than the windows stay finite.
     for r in [1, 3]:
-        g, _ = actor6.token_credit(prompt, response[:r], RhythmConfig(credit=mode))
+        g, _ = actor6.token_credit(prompt, response[:r], mode, RhythmConfig())
         assert g.shape == (r,) and torch.isfinite(g).all()
 
 
 def test_token_credit_batch_matches_single(actor6) -> None:
-    cfg = RhythmConfig(credit="coupled", fai_min=2, fai_max=12)
+    """Padded micro-batches give what each sample gets alone (a batch of one)."""
+    cfg = RhythmConfig(fai_min=2, fai_max=12)
     prompts = [ids(5, seed=10), ids(9, seed=11), ids(3, seed=12)]
     responses = [ids(20, seed=13), ids(7, seed=14), ids(26, seed=15)]
-    batch = actor6.token_credit_batch(prompts, responses, cfg, micro_batch=2)
+    batch = actor6.token_credit_batch(prompts, responses, "coupled", cfg, micro_batch=2)
     assert set(batch[0][1]) == {
         "waad",
         "fai",
@@ -151,7 +152,7 @@ def test_token_credit_batch_matches_single(actor6) -> None:
         "version",
     }
     for (g, info), p, r in zip(batch, prompts, responses, strict=True):
-        g1, info1 = actor6.token_credit(p, r, cfg)
+        g1, info1 = actor6.token_credit(p, r, "coupled", cfg)
         assert torch.allclose(info["waad"], info1["waad"], atol=1e-5)
         assert torch.allclose(info["fai"], info1["fai"], atol=1e-5)
         assert torch.equal(g, g1)
@@ -170,15 +171,17 @@ def mixed_samples() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 @pytest.mark.parametrize("both_signs", [True, False])
 @pytest.mark.parametrize(
-    "overrides",
+    ("credit", "overrides"),
     [
-        {"credit": "local"},
-        {"credit": "global", "fai_min": 2, "fai_max": 12},
-        {"credit": "coupled", "fai_min": 2, "fai_max": 12},
-        {"credit": "coupled", "fai_min": 3, "lookback": 2, "alpha": 1.0},
+        ("local", {}),
+        ("global", {"fai_min": 2, "fai_max": 12}),
+        ("coupled", {"fai_min": 2, "fai_max": 12}),
+        ("coupled", {"fai_min": 3, "lookback": 2, "alpha": 1.0}),
     ],
 )
-def test_attention_credit_batched_equals_per_sample(actor6, policy6, overrides, both_signs) -> None:
+def test_attention_credit_batched_equals_per_sample(
+    actor6, policy6, credit, overrides, both_signs
+) -> None:
     """The trainer's path (AttentionCredit on a TrainBatch) gives token_credit's gammas per sample."""
     cfg = RhythmConfig(both_signs=both_signs, micro_batch=4, **overrides)
     prompts, responses = mixed_samples()
@@ -187,10 +190,12 @@ def test_attention_credit_batched_equals_per_sample(actor6, policy6, overrides, 
         for i, (p, r) in enumerate(zip(prompts, responses, strict=True))
     ]
     batch = collate(samples, pad_id=0)
-    credit = AttentionCredit(policy6, cfg, pad_id=0)
-    assert credit.micro_batch == 4  # from the config
-    gammas, metrics = credit.gammas(batch)
-    refs = [actor6.token_credit(p, r, cfg)[0] for p, r in zip(prompts, responses, strict=True)]
+    attention_credit = AttentionCredit(policy6, credit, cfg, pad_id=0)
+    assert attention_credit.micro_batch == 4  # from the config
+    gammas, metrics = attention_credit.gammas(batch)
+    refs = [
+        actor6.token_credit(p, r, credit, cfg)[0] for p, r in zip(prompts, responses, strict=True)
+    ]
     assert [g.shape for g in gammas] == [g.shape for g in refs]
     for g, ref in zip(gammas, refs, strict=True):
         assert torch.allclose(g, ref, atol=1e-6, rtol=0)
@@ -207,7 +212,7 @@ def test_attention_credit_batched_equals_per_sample(actor6, policy6, overrides, 
 
 def test_token_credit_padded_info_and_duplicates(actor6) -> None:
     """with_info gives token_credit's info per row; duplicates are read once and agree."""
-    cfg = RhythmConfig(credit="coupled", fai_min=2, fai_max=12)
+    cfg = RhythmConfig(fai_min=2, fai_max=12)
     prompts, responses = mixed_samples()
     lengths = torch.tensor([p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)])
     starts = torch.tensor([p.numel() for p in prompts])
@@ -220,16 +225,18 @@ def test_token_credit_padded_info_and_duplicates(actor6) -> None:
     actor6.maps = lambda x, **kw: forwards.append(x.shape[0]) or original(x, **kw)
     try:
         gammas, infos = actor6.token_credit_padded(
-            padded, starts, lengths, cfg, micro_batch=3, with_info=True
+            padded, starts, lengths, "coupled", cfg, micro_batch=3, with_info=True
         )
-        plain, none = actor6.token_credit_padded(padded, starts, lengths, cfg, micro_batch=3)
+        plain, none = actor6.token_credit_padded(
+            padded, starts, lengths, "coupled", cfg, micro_batch=3
+        )
     finally:
         del actor6.maps
     assert forwards[: len(forwards) // 2] == [3, 3, 3, 1]  # 10 distinct rows of 12
     assert none == [] and all(torch.equal(a, b) for a, b in zip(gammas, plain, strict=True))
     assert torch.equal(gammas[10], gammas[0]) and torch.equal(gammas[11], gammas[6])
     for row, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        gamma, ref = actor6.token_credit(p, r, cfg)
+        gamma, ref = actor6.token_credit(p, r, "coupled", cfg)
         info = infos[row]
         assert torch.allclose(gammas[row], gamma, atol=1e-6, rtol=0)
         assert set(info) == set(ref)
@@ -239,4 +246,4 @@ def test_token_credit_padded_info_and_duplicates(actor6) -> None:
             assert torch.equal(info[key], ref[key]), key
         assert info["layers"] == ref["layers"] and info["version"] == ref["version"]
     with pytest.raises(ValueError, match="response_start"):
-        actor6.token_credit_padded(padded, lengths + 1, lengths, cfg)
+        actor6.token_credit_padded(padded, lengths + 1, lengths, "coupled", cfg)
