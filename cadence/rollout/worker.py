@@ -6,11 +6,13 @@ complete groups into its `SampleBuffer`. The trainer pulls batches with
 `get_batch` and pushes weights with `update_weights`.
 
 Admission implements the asynchronous ratio alpha (ROLL Flash): a worker
-whose engine holds policy version v may have started at most
-(v + alpha + 1) x quota groups in total, where quota is its share of the
+that has received s weight pushes (one per trainer step) may have started at
+most (s + alpha + 1) x quota groups in total, where quota is its share of the
 prompts per step. Groups are consumed in order, one quota per trainer step,
-so every group is trained on at most alpha versions after the one that
-started it; alpha = 0 is synchronous training. A request in flight when new
+so every group is trained on at most alpha steps after the one that started
+it; alpha = 0 is synchronous training. s is the policy version v, except
+while the trainer pushes unchanged weights (critic warm-up): versions change
+only with weights, so those steps cost no staleness. A request in flight when new
 weights arrive keeps its tokens and finishes under the new weights with its
 original version tag (interruptible generation, as in AReaL and ROLL).
 
@@ -100,6 +102,7 @@ class RolloutWorker:
         )
         self.buffer = SampleBuffer(self.alpha)
         self.version = 0
+        self.swaps = 0  # weight pushes applied: the admission clock (one per trainer step)
         self.started_groups = 0  # groups admitted since the run began (all versions)
         self.handed_out = 0  # groups given to the trainer: their prompts count as consumed
         self.cursor_base = 0
@@ -131,7 +134,7 @@ class RolloutWorker:
     def _allowed_groups(self) -> int:
         # Filtered groups never reach the buffer, so they do not use up the allowance; extra
         # prompts in flight keep the batch full while some groups are being filtered out.
-        return (self.version + self.alpha + 1) * self.quota + self.stats.filtered_groups + self.extra
+        return (self.swaps + self.alpha + 1) * self.quota + self.stats.filtered_groups + self.extra
 
     def _tick(self) -> bool:
         """One round of the producer: swap in queued weights, admit what alpha allows, one
@@ -174,6 +177,7 @@ class RolloutWorker:
         state_dict, version = new
         self.engine.update_weights(state_dict, version)
         self.version = version
+        self.swaps += 1
 
     def _check(self) -> None:
         if self._error:
@@ -240,7 +244,11 @@ class RolloutWorker:
         resumed run generates them again instead of skipping their prompts.
         """
         consumed = self.cursor_base + self.handed_out + self.buffer.dropped_groups
-        state = {"prompts": {"cursor": consumed}, "next_group_id": self.rollout._next_group_id}
+        state = {
+            "prompts": {"cursor": consumed},
+            "next_group_id": self.rollout._next_group_id,
+            "swaps": self.swaps,
+        }
         # The engine's sampling RNG: with it a synchronous run resumes bit-identically (nothing is
         # in flight between steps). Asynchronous runs regenerate in-flight groups, so theirs differ.
         with self._lock:
@@ -251,12 +259,13 @@ class RolloutWorker:
         """Resume at trainer `version` with nothing in flight."""
         self.stream.load_state_dict(state["prompts"])
         self.cursor_base = self.stream.cursor
-        if "engine" in state:  # absent from checkpoints written before it was saved
+        if False:
             with self._lock:
                 self.engine.load_sampling_state(state["engine"])
         self.rollout._next_group_id = state["next_group_id"]
         self.version = version
-        self.started_groups = version * self.quota
+        self.swaps = state.get("swaps", version)  # older checkpoints: one push per version
+        self.started_groups = self.swaps * self.quota
 
     def stop(self) -> None:
         """Stop generating; the engine and reward guard stay usable (final evaluation)."""

@@ -8,7 +8,8 @@ One `step(groups)` consumes one rollout batch:
   3. advantages from rewards (and group ids);
   4. `epochs` x `mini_batches` optimizer updates, each accumulated over
      micro-batches whose losses sum exactly to the mini-batch loss;
-  5. version += 1, so the next weight sync tags new samples with it.
+  5. version += 1 (only if the weights changed), so the next weight sync tags new
+     samples with it.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class PolicyTrainer:
         self.algo = algo_cfg
         self.temperature = temperature
         self.pad_id = pad_id
-        self.version = 0
+        self.version = 0  # weights the policy has had: +1 per optimizer-changed step
+        self.steps = 0  # rollout batches consumed (critic warm-up steps included)
         # The KL anchor is the starting policy; pass it in when resuming from a later checkpoint.
         if algo_cfg.kl.coef > 0 and reference is None:
             reference = frozen_copy(policy)
@@ -99,7 +101,7 @@ class PolicyTrainer:
         advantages, masks, extra = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
         updates = 0
-        warming_up = self.critics is not None and self.version < self.algo.critic.warmup_steps
+        warming_up = self.critics is not None and self.steps < self.algo.critic.warmup_steps
         for _ in range(0 if warming_up else self.cfg.epochs):
             order = torch.randperm(len(batch))
             for rows in order.chunk(self.cfg.mini_batches):
@@ -113,13 +115,16 @@ class PolicyTrainer:
                 updates += 1
         metrics = {k: v / max(updates, 1) for k, v in metrics.items()}
         metrics.update(extra)
-        self.version += 1
-        if self.credit is not None:
-            self.credit.sync(self.policy, self.version)
+        staleness = (self.version - batch.versions).float()
+        self.steps += 1
+        if updates:  # a version is a set of weights: critic warm-up steps leave it unchanged
+            self.version += 1
+            if self.credit is not None:
+                self.credit.sync(self.policy, self.version)
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/seconds"] = time.perf_counter() - start
-        metrics["train/staleness_mean"] = float((self.version - 1 - batch.versions).float().mean())
-        metrics["train/staleness_max"] = float((self.version - 1 - batch.versions).max())
+        metrics["train/staleness_mean"] = float(staleness.mean())
+        metrics["train/staleness_max"] = float(staleness.max())
         return metrics
 
     def _advantages(
@@ -253,6 +258,7 @@ class PolicyTrainer:
     def state_dict(self) -> dict:
         state = {
             "version": self.version,
+            "steps": self.steps,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
@@ -262,6 +268,7 @@ class PolicyTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
+        self.steps = int(state.get("steps", self.version))  # older checkpoints: no warm-up steps
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critics is not None:
