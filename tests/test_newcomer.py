@@ -226,3 +226,19 @@ def test_eval_notes_pass_at_k_at_temperature_zero_and_prints_pass_at_1_once():
     result = _cli(["eval", "builtin", "task.test_size=4"])
     assert result.exit_code == 0, result.output
     assert result.output.count("pass@") == 1, result.output
+
+
+def test_run_folder_given_as_checkpoint_points_to_its_latest_checkpoint(tmp_path, no_training):
+    for step in (2, 10):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    text = " ".join(_cli(["eval", str(tmp_path)]).output.split())
+    assert "is a run folder, not a checkpoint" in text and str(tmp_path / "checkpoints" / "step_10") in text
+
+
+def test_missing_optional_package_is_named_before_anything_loads(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="logging.wandb=true needs the 'wandb' package: pip install wandb"):
+        load_config(None, ["logging.wandb=true"])
