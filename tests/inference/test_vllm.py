@@ -99,15 +99,33 @@ def test_logprobs_match_teacher_forced_forward(setup, temperature):
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
 
 
-def test_top_p_logprobs_are_renormalised_over_the_nucleus(setup):
-    """The documented deviation: with top_p < 1 vLLM returns log p_T(token) - log(nucleus mass)."""
+def forced_embedded(model, tok, res: GenResult, params: SamplingParams) -> list[float]:
+    """EmbeddedEngine's log-probs for `res`'s tokens: its own prefill, decode and scoring,
+    with the sampler made to pick `res.token_ids`."""
+    from cadence.inference import embedded
+
+    forced = iter(res.token_ids)
+    original = embedded.sample
+    embedded.sample = lambda logits, *_: torch.tensor([next(forced)], device=logits.device)
+    try:
+        engine = embedded.EmbeddedEngine(model, tok)
+        (out,) = engine.generate([GenRequest("forced", res.prompt_ids, params)])
+    finally:
+        embedded.sample = original
+    assert out.token_ids == res.token_ids
+    return out.logprobs
+
+
+def test_top_p_logprobs_are_full_vocabulary_and_equal_the_embedded_engines(setup):
+    """With top_p < 1 mu is still log_softmax(logits / T)[token] over the whole vocabulary,
+    not renormalised over the nucleus, in both engines."""
     engine, model, tok = setup
     params = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.8, ignore_eos=True)
-    for res in engine.generate([GenRequest("tp", encode(tok, PROMPTS[1]), params)]):
-        gap = torch.tensor(res.logprobs) - teacher_forced(model, res, 0.7)
-        assert bool((gap > -1e-4).all()) and bool(
-            (gap < -torch.log(torch.tensor(0.8)) + 1e-4).all()
-        )
+    reqs = [GenRequest(f"tp{i}", encode(tok, p), params) for i, p in enumerate(PROMPTS[1:4])]
+    for res in engine.generate(reqs):
+        mu = torch.tensor(res.logprobs)
+        assert torch.allclose(mu, teacher_forced(model, res, 0.7), atol=1e-4)
+        assert torch.allclose(mu, torch.tensor(forced_embedded(model, tok, res, params)), atol=1e-4)
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(setup):
@@ -189,6 +207,65 @@ def test_stop_strings_and_max_tokens(setup):
     assert engine.load() == 0
 
 
+def test_tokens_after_a_weight_update_in_flight_have_the_new_weights_log_probs(setup):
+    """Each token's mu is the teacher-forced log-prob of the weights that sampled it.
+
+    vLLM decodes on its own between our calls, so where the switch falls is
+    only known to be after the tokens received before the update: find it.
+    """
+    engine, model, tok = setup
+    new_model = AutoModelForCausalLM.from_pretrained(engine.model_path).eval()
+    scramble(new_model, 5)
+    temps = [1.0, 0.7, 0.7, 0.0]
+    for i, t in enumerate(temps):
+        top_p = 0.8 if i == 2 else 1.0
+        params = SamplingParams(max_new_tokens=40, temperature=t, top_p=top_p, ignore_eos=True)
+        engine.add_request(GenRequest(f"swap{i}", encode(tok, PROMPTS[i + 1]), params))
+    results = {}
+    for _ in range(3):
+        results.update({r.request_id: r for r in engine.step()})
+    seen = {rid: len(seq.tokens) for rid, seq in engine._seqs.items()}
+    engine.update_weights(new_model.state_dict(), version=1)
+    try:
+        while engine.has_unfinished():
+            results.update({r.request_id: r for r in engine.step()})
+    finally:
+        engine.update_weights(model.state_dict(), version=0)  # as it was, for later tests
+    assert set(seen) == set(results) and min(seen.values()) > 0
+    for i, t in enumerate(temps):
+        res = results[f"swap{i}"]
+        mu = torch.tensor(res.logprobs)
+        old_err = (mu - teacher_forced(model, res, t)).abs()
+        new_err = (mu - teacher_forced(new_model, res, t)).abs()
+        k = int((old_err > 1e-4).nonzero()[0]) if bool((old_err > 1e-4).any()) else len(mu)
+        assert seen[res.request_id] <= k < len(mu), (res.request_id, k)  # switched, not too early
+        assert bool((new_err[k:] < 1e-4).all()), (res.request_id, k, new_err[k:].max())
+        assert (res.version, res.finish_version) == (0, 1)
+
+
+def test_sampling_state_restores_the_request_seeds(setup):
+    """vLLM seeds each request from the engine's seed generator: restoring it repeats them.
+
+    Same engine, not a fresh one (a start costs ~25 s); between requests the
+    engine keeps no other sampling state.
+    """
+    engine, _, tok = setup
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, ignore_eos=True)
+
+    def run(prefix: str) -> list[tuple[list[int], list[float]]]:
+        reqs = [GenRequest(f"{prefix}{i}", encode(tok, p), params) for i, p in enumerate(PROMPTS)]
+        return [(r.token_ids, r.logprobs) for r in engine.generate(reqs)]
+
+    engine.reseed(3)
+    state = engine.sampling_state()
+    first = run("s")
+    assert run("t") != first
+    engine.load_sampling_state(state)
+    assert run("u") == first
+    with pytest.raises(ValueError, match="seeds"):
+        engine.load_sampling_state({})
+
+
 def test_update_weights_changes_outputs_and_version(setup, tmp_path):
     engine, model, tok = setup
     new_model = AutoModelForCausalLM.from_pretrained(engine.model_path).eval()
@@ -196,6 +273,7 @@ def test_update_weights_changes_outputs_and_version(setup, tmp_path):
     prompts = [encode(tok, p) for p in PROMPTS[:2]]
     before = [hf_greedy(model, p) for p in prompts]
 
+    updates = engine.stats()["weight_updates"]
     engine.add_request(GenRequest("inflight", encode(tok, PROMPTS[2]), GREEDY))
     engine.step()
     engine.update_weights(new_model.state_dict(), version=7)
@@ -210,7 +288,7 @@ def test_update_weights_changes_outputs_and_version(setup, tmp_path):
 
     engine.update_weights(model.state_dict(), version=8)  # back, for tests that run later
     (again,) = engine.generate([GenRequest("back", prompts[0], GREEDY)])
-    assert again.token_ids == before[0] and engine.stats()["weight_updates"] == 2
+    assert again.token_ids == before[0] and engine.stats()["weight_updates"] == updates + 2
 
 
 # ---- configuration, without starting vLLM ----------------------------------
