@@ -1,4 +1,5 @@
-"""Rollout scheduling: prompt replication, whole-group admission, mean filters, weight swaps."""
+"""Rollout scheduling: prompt replication, whole-group admission, mean filters, weight swaps,
+the alpha admission gate and where a resumed worker picks up the prompt stream."""
 
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
     try:
         samples = []
         for version in range(3):
-            samples += [s for g in worker.get_batch(version) for s in g.samples]
+            # A worker that never fills the batch fails the test in a minute rather than ten.
+            samples += [s for g in worker.get_batch(version, timeout=60) for s in g.samples]
             worker.update_weights({}, version + 1)  # returns at once; swapped between engine steps
     finally:
         worker.close()
@@ -139,3 +141,90 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
     else:
         assert not spanned  # every response finished on the weights that started it
     assert {s.version for s in samples} >= {0, 1}
+
+
+def _mock_worker(alpha: int, quota: int = 2) -> RolloutWorker:
+    """A foreground worker (no thread: the test drives it) on the mock engine's virtual clock."""
+    cfg = load_config(
+        None,
+        [
+            f"rollout.prompts_per_step={quota}", "rollout.group_size=2", f"rollout.async_ratio={alpha}",
+            "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=6",
+            "rollout.engine.mock.virtual_clock=true", "rollout.max_new_tokens=40",
+            "trainer.steps=8", "task.test_size=4",
+        ],
+    )
+    return RolloutWorker(cfg, background=False)
+
+
+def _settle(worker: RolloutWorker, most: int) -> None:
+    """Run the producer until it has nothing left to do (all it may start is started and done),
+    failing as soon as it draws more than `most` prompts in all."""
+    while worker._tick():
+        assert worker.stream.cursor <= most, f"{worker.stream.cursor} prompts drawn, at most {most} allowed"
+    assert worker.stream.cursor <= most, f"{worker.stream.cursor} prompts drawn, at most {most} allowed"
+
+
+def _train(worker: RolloutWorker, versions: range) -> list[list[str]]:
+    """Stand in for the trainer: each version's batch (its prompt ids), then the next weights."""
+    steps = []
+    for version in versions:
+        steps.append(sorted(g.prompt_id for g in worker.get_batch(version)))
+        worker.update_weights({}, version + 1)
+    return steps
+
+
+@pytest.mark.parametrize("alpha", [0, 1, 2])
+def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha):
+    worker = _mock_worker(alpha)
+    quota = worker.quota
+    staleness = []
+    for version in range(5):
+        allowed = (version + alpha + 1) * quota
+        _settle(worker, most=allowed)
+        # Not fewer either: the gate opens by one quota per version, so the engine never idles
+        # below the allowance, and what was not trained on yet waits in the buffer.
+        assert worker.stream.cursor == allowed
+        assert len(worker.buffer) == (alpha + 1) * quota
+        staleness.append([version - g.version for g in worker.get_batch(version)])
+        worker.update_weights({}, version + 1)
+    # Oldest groups first: staleness climbs to alpha and stays there; alpha = 0 never goes stale.
+    assert staleness == [[min(version, alpha)] * quota for version in range(5)]
+
+
+def test_a_resumed_worker_continues_the_prompt_sequence_exactly():
+    whole = _mock_worker(alpha=0)
+    first = _train(whole, range(3))
+    state = whole.state_dict()
+    rest = _train(whole, range(3, 6))
+    prompts = [p for step in first + rest for p in step]
+    assert len(set(prompts)) == len(prompts) == 12  # one epoch: no prompt twice
+
+    resumed = _mock_worker(alpha=0)
+    resumed.update_weights({}, 3)
+    resumed.load_state_dict(state, 3)
+    assert _train(resumed, range(3, 5)) == rest[:2]
+    # Resumed twice: the second checkpoint's cursor counts from where the first one left off.
+    again = _mock_worker(alpha=0)
+    again.update_weights({}, 5)
+    again.load_state_dict(resumed.state_dict(), 5)
+    assert _train(again, range(5, 6)) == rest[2:]
+
+
+def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
+    alpha = 1
+    whole = _mock_worker(alpha)
+    _train(whole, range(3))
+    state = whole.state_dict()
+    resumed = _mock_worker(alpha)
+    resumed.update_weights({}, 3)
+    resumed.load_state_dict(state, 3)
+    cursor = resumed.stream.cursor
+    # Nothing survived the restart, so it starts the groups of versions 3 .. 3 + alpha at once.
+    _settle(resumed, most=cursor + (alpha + 1) * resumed.quota)
+    assert resumed.stream.cursor == cursor + (alpha + 1) * resumed.quota
+    staleness = []
+    for version in (3, 4):
+        staleness += [version - g.version for g in resumed.get_batch(version)]
+        resumed.update_weights({}, version + 1)
+    assert staleness == [0, 0, 1, 1]  # the groups started at version 3 serve two versions
