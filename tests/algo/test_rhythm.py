@@ -300,9 +300,23 @@ def test_coupled_introducer_ties_nearest_and_accumulates() -> None:
     # anchor 3 looks back at Delta_2 = 0, Delta_1 = 2, Delta_0 = 2 -> introducer 1.
     assert sel.introducer.tolist() == [-1, -1, 1, 1]
     assert sel.gamma.tolist() == [1.0, 1.5, 1.25, 1.25]
-    # The first response token has no look-back window: an anchor there is never dominated.
-    sel = select1(torch.tensor([0.0, 5.0]), torch.tensor([1.0, 0.0]), "coupled", **cfg)
-    assert sel.gamma.tolist() == [1.5, 1.0] and not sel.dominated.any()
+    # The first response token has no look-back window: an anchor there is never dominated,
+    # even when every look-back passes (tau_delta = -inf).
+    for tau_delta in (1.0, -math.inf):
+        cfg["tau_delta"] = tau_delta
+        sel = select1(torch.tensor([0.0, 5.0]), torch.tensor([1.0, 0.0]), "coupled", **cfg)
+        assert sel.gamma.tolist() == [1.5, 1.0] and not sel.dominated.any()
+
+
+def test_coupled_tau_delta_median_leaves_out_the_last_token() -> None:
+    # Delta = [0, 0.75, 1, 2, 0 (last, artificial)]: tau_Delta = median [0, 0.75, 1, 2] = 0.875
+    # (with the last 0 it would be 0.75). lookback 1; anchors 2 and 4 (top 2 FAI).
+    #   anchor 2: Delta_1 = 0.75 < 0.875, keeps 1.5.  anchor 4: Delta_3 = 2, introducer 3.
+    w = torch.tensor([1.0, 1.0, 1.75, 0.75, 2.75])
+    f = torch.tensor([0.0, 0.0, 0.9, 0.0, 0.8])
+    sel = select1(w, f, "coupled", lookback=1, tau_waad=5.0)
+    assert sel.gamma.tolist() == [1.0, 1.0, 1.5, 1.25, 1.25]
+    assert sel.introducer.tolist() == [-1, -1, -1, -1, 3]
 
 
 # ----------------------------------------------------------------------------
@@ -376,11 +390,7 @@ def test_credit_is_one_knob() -> None:
 def padded_maps(
     prompts: list[int], lengths: list[int], layers: int = 2, heads: int = 3, seed: int = 0
 ) -> tuple[torch.Tensor, int]:
-    """Right-padded float32 maps [B, layers, H, N - q0, N] like ActorAttention's, q0 = min prompt.
-
-    Each sample's rows are its own causal maps; the rows no sample owns (pad
-    positions) are NaN, so any leak of padding into a result shows.
-    """
+    """Right-padded float32 maps [B, layers, H, N - q0, N] (q0 = min prompt), pad rows NaN."""
     n, q0 = max(lengths), min(prompts)
     out = torch.full((len(lengths), layers, heads, n, n), math.nan)
     for b, length in enumerate(lengths):
@@ -449,19 +459,14 @@ def test_whole_maps_and_empty_response() -> None:
     prompts, lengths = [0, 3, 5], [9, 7, 5]
     maps, q0 = padded_maps([0, 3, 5], lengths, seed=3)
     assert q0 == 0 and maps.shape[-2] == maps.shape[-1] == 9
-    cfg = RhythmConfig(fai_min=2)
-    got = rhythm_credit(maps, torch.tensor(prompts), torch.tensor(lengths), "coupled", cfg)
+    cfg, start, length = RhythmConfig(fai_min=2), torch.tensor(prompts), torch.tensor(lengths)
+    got = rhythm_credit(maps, start, length, "coupled", cfg)
     assert [g.numel() for g in got.gammas()] == [9, 4, 0]
-    for b in range(2):
-        n, p = lengths[b], prompts[b]
-        alone = rhythm_credit(
-            maps[b : b + 1, ..., p:n, :n], torch.tensor([p]), torch.tensor([n]), "coupled", cfg
-        )
+    for b, (p, n) in enumerate(zip(prompts[:2], lengths, strict=False)):
+        alone = rhythm_credit(maps[b : b + 1, ..., p:n, :n], [p], [n], "coupled", cfg)
         assert torch.equal(got.gammas()[b], alone.gammas()[0])
     with pytest.raises(ValueError, match="response_start"):
-        rhythm_credit(
-            maps[..., 2:, :], torch.tensor(prompts), torch.tensor(lengths), "coupled", cfg
-        )
+        rhythm_credit(maps[..., 2:, :], start, length, "coupled", cfg)
 
 
 @settings(max_examples=60, deadline=None)
@@ -488,9 +493,7 @@ def test_padded_selection_equals_each_row_alone_with_ties(
     valid = torch.arange(r_max) < torch.tensor(rows)[:, None]
     got = credit_selection(w, f, valid, credit, cfg)
     for b, r in enumerate(rows):
-        alone = credit_selection(
-            w[b : b + 1, :r], f[b : b + 1, :r], valid[b : b + 1, :r], credit, cfg
-        )
+        alone = credit_selection(*(x[b : b + 1, :r] for x in (w, f, valid)), credit, cfg)
         for name in ("gamma", "delta", "local", "anchors", "dominated", "introducer"):
             assert torch.equal(getattr(got, name)[b, :r], getattr(alone, name)[0]), name
         assert (got.gamma[b, r:] == 1).all() and (got.introducer[b, r:] == -1).all()
