@@ -259,7 +259,7 @@ class RolloutWorker:
         """Resume at trainer `version` with nothing in flight."""
         self.stream.load_state_dict(state["prompts"])
         self.cursor_base = self.stream.cursor
-        if False:
+        if "engine" in state:  # absent from checkpoints written before it was saved
             with self._lock:
                 self.engine.load_sampling_state(state["engine"])
         self.rollout._next_group_id = state["next_group_id"]
