@@ -3,6 +3,7 @@ the alpha admission gate and where a resumed worker picks up the prompt stream."
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +18,7 @@ from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import RLVRRollout, RolloutStats
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
-from cadence.runtime.placement import join_parts
+from cadence.runtime.placement import WorkerGroup, join_parts
 
 
 @dataclass
@@ -43,10 +44,14 @@ def _rollout(replicate: bool, slots: int = 8, group_size: int = 4, answers: int 
 
 def _drain(rollout: RLVRRollout) -> tuple[SampleBuffer, list[int]]:
     """Run to completion, recording how many requests the engine holds at each step."""
-    buffer, stats, held = SampleBuffer(0), RolloutStats(), []
+    buffer, stats, held, completed = SampleBuffer(0), RolloutStats(), [], 0
+    admitted = len(rollout.pending)
     while rollout.pending:
         held.append(rollout.engine.load())
-        rollout.poll(buffer, stats)
+        completed += rollout.poll(buffer, stats)
+    # poll reports the groups each engine step completed; every answer is counted once.
+    assert completed == admitted == len(buffer)
+    assert stats.samples == sum(stats.finish_reasons.values()) == rollout.answers * admitted
     return buffer, held
 
 
@@ -74,6 +79,15 @@ def test_a_worker_generates_only_its_share_of_each_group():
     rollout.admit(3)
     buffer, _ = _drain(rollout)
     assert [len(g.samples) for g in buffer.get_batch(3, 0)] == [2, 2, 2]
+
+
+def test_produce_fills_the_buffer_and_times_itself():
+    rollout, buffer = _rollout(replicate=True), SampleBuffer(0)
+    began = time.perf_counter()
+    stats = rollout.produce(3, buffer)
+    took = time.perf_counter() - began
+    assert len(buffer) == 3 and stats.samples == 12
+    assert 0 <= stats.seconds <= took  # its own span, inside the caller's
 
 
 def _part(group_id: int, rewards: list[float]) -> Group:
@@ -125,7 +139,9 @@ def _worker(interrupt: bool) -> RolloutWorker:
 
 @pytest.mark.parametrize("interrupt", [True, False])
 def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
+    made = time.perf_counter()
     worker = _worker(interrupt)
+    born = time.perf_counter()
     worker.start()
     try:
         samples = []
@@ -133,8 +149,15 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
             # A worker that never fills the batch fails the test in a minute rather than ten.
             samples += [s for g in worker.get_batch(version, timeout=60) for s in g.samples]
             worker.update_weights({}, version + 1)  # returns at once; swapped between engine steps
+        asked = time.perf_counter()
+        metrics = worker.metrics()
+        answered = time.perf_counter()
     finally:
         worker.close()
+    # The busy fraction is busy seconds over the worker's lifetime, which lies between these spans.
+    busy = metrics["rollout/engine_busy_s"]
+    assert busy > 0
+    assert busy / (answered - made) <= metrics["rollout/engine_busy_fraction"] <= busy / (asked - born)
     spanned = [s for s in samples if s.finish_version != s.version]
     if interrupt:
         assert spanned  # long responses in flight continued under the next version
@@ -228,3 +251,34 @@ def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
         staleness += [version - g.version for g in resumed.get_batch(version)]
         resumed.update_weights({}, version + 1)
     assert staleness == [0, 0, 1, 1]  # the groups started at version 3 serve two versions
+
+
+class _Reporting:
+    def __init__(self, metrics: dict[str, float]) -> None:
+        self._metrics = metrics
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+
+def test_worker_group_adds_counts_and_averages_fractions():
+    group = WorkerGroup.__new__(WorkerGroup)  # the merge alone: no workers started
+    group.kind, group.workers = "inline", [
+        _Reporting({"rollout/samples_total": 8.0, "rollout/engine_busy_fraction": 0.25}),
+        _Reporting({"rollout/samples_total": 4.0, "rollout/engine_busy_fraction": 0.75}),
+    ]
+    assert group.metrics() == {"rollout/samples_total": 12.0, "rollout/engine_busy_fraction": 0.5}
+
+
+@pytest.mark.parametrize("alpha", [0, 1])
+def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alpha):
+    # Synchronous training alternates generation and training anyway; a second thread would
+    # only bring a second OpenMP team competing for the trainer's cores.
+    cfg = load_config(
+        None, [f"rollout.async_ratio={alpha}", "rollout.engine.backend=mock", "trainer.steps=2", "task.test_size=4"]
+    )
+    group = WorkerGroup(cfg)
+    try:
+        assert group.workers[0].background is (alpha > 0)
+    finally:
+        group.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cadence.config import load_config
+from cadence.runtime import placement
 from cadence.runtime.split import Split, beta_star, measured_split
 
 
@@ -29,9 +31,25 @@ def test_measured_split_reads_a_runs_metrics():
     assert split.mu_train == pytest.approx(2.0 / 100)  # mean train seconds (first step skipped) per sample
     assert split.beta == pytest.approx(beta_star(100, 1, split.mu_gen, split.l_gen, split.mu_train, 1))
     assert measured_split(records[:1], batch=100, workers=1, alpha=1) is None
+    # Two records are enough: the second step's differences from the first.
+    two = measured_split(records[:2], batch=100, workers=1, alpha=1)
+    assert two.mu_gen == pytest.approx(2.0 / 100) and two.mu_train == pytest.approx(1.0 / 100)
+
+
+def test_beta_star_of_nothing_measured_is_zero():
+    assert beta_star(100, 2, 0.0, 0.0, 0.0, alpha=1) == 0.0
 
 
 def test_cores_keep_one_for_each_side():
     assert Split(0, 0, 0, beta=0.05).cores(2) == (1, 1)
     assert Split(0, 0, 0, beta=0.5).cores(16) == (8, 8)
     assert Split(0, 0, 0, beta=0.99).cores(4) == (1, 3)
+
+
+def test_trainer_threads_are_what_the_rollout_workers_leave(monkeypatch):
+    monkeypatch.setattr(placement, "cpu_share", lambda: 8)
+    ray = ["runtime.kind=ray", "runtime.rollout_workers=2"]
+    assert placement.trainer_threads(load_config(None, [*ray, "runtime.rollout_cpus=1.5"])) == 8 - 3
+    assert placement.trainer_threads(load_config(None, [*ray, "runtime.rollout_cpus=4"])) == 1  # at least one
+    assert placement.trainer_threads(load_config(None, [*ray, "runtime.threads=3"])) == 3  # asked for
+    assert placement.trainer_threads(load_config(None, [])) == 8  # inline: the generation thread shares them
