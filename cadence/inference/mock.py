@@ -23,7 +23,9 @@ test can run hours of simulated rollout in milliseconds. Either way
 
 Tokens are random ids below `vocab_size`, log-probs are plausible negative
 numbers, and `text` comes from `answer_fn(request)` ("" without one): the
-tokens and text of a mock response are unrelated.
+tokens and text of a mock response are unrelated. The log-probs stand for
+what real engines return (full-vocabulary log_softmax(logits / T)[token],
+whatever top_p is; see `GenResult`) but are not computed from anything.
 """
 
 from __future__ import annotations

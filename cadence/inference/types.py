@@ -64,11 +64,14 @@ class GenResult:
     token; `text` is the decoded response cut before the stop string, without
     special tokens.
 
-    logprobs[i] is the behaviour log-prob of token_ids[i]:
-    log_softmax(logits / T)[token] with T the request's temperature, or T = 1
-    for greedy requests. It is not renormalised over the top-p nucleus. The
-    trainer must compute its log-probs with the same temperature for
-    importance ratios to be right.
+    logprobs[i] is the behaviour log-prob (mu) of token_ids[i]:
+    log_softmax(logits / T)[token] over the full vocabulary, T the request's
+    temperature (T = 1 for greedy requests), under the weights that sampled
+    the token. With top_p < 1 it is still the full-vocabulary value, not
+    renormalised over the nucleus: it is what the trainer computes (with the
+    same temperature), so pi_old / mu = 1 on fresh data. Every engine returns
+    this; after a weight update mid-request, later tokens are the new
+    weights' on the full context (the engines recompute the KV cache).
 
     `version` is the policy version when the request started, `finish_version`
     the version when it ended (they differ when weights were updated while it

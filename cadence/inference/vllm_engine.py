@@ -48,7 +48,9 @@ the 1.1M-parameter `tiny_model()`, other work running): 27-33 s to start
 first request (27 s the first time ever on a machine), then a batch of 32 x
 64 sampled tokens in 0.7-1.0 s where EmbeddedEngine takes 0.33-0.42 s: on a
 model this small, vLLM's inter-process steps cost more than the model. A
-weight update takes about 30 ms. Greedy output matches transformers token
+weight update takes about 40 ms idle, 55 ms with 8 and 77 ms with 32
+requests in flight (the pause and preemption; their recompute is then
+vLLM's own prefill work). Greedy output matches transformers token
 for token and log-probs match a teacher-forced forward within about 1e-5.
 vLLM's CPU attention supports head sizes 32, 64, 80, ... only (checked at
 start).
