@@ -97,6 +97,8 @@ class EmbeddedEngine:
         # when every row of the last one has finished, so short answers wait for the longest.
         self.static_batching = static_batching
         self.version = 0
+        # Padded tokens per forward when a weight swap recomputes running rows' caches.
+        self.recompute_chunk_tokens = 1 << 15
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -363,9 +365,12 @@ class EmbeddedEngine:
     def _recompute_cache(self) -> None:
         """Rebuild the cache of every running row under the current weights (after a swap).
 
-        One batched prefill of prompt + response so far, minus the last
-        sampled token (the next step's input, as always), into slots 0..n-1
-        in admission order; the old cache and its holes are dropped.
+        Batched prefills of prompt + response so far, minus the last sampled
+        token (the next step's input, as always), into slots 0..n-1 in
+        admission order; the old cache and its holes are dropped. Rows go in
+        chunks of at most `recompute_chunk_tokens` padded tokens (at least one
+        row each), so a swap with many long requests does not need a forward
+        over all of them at once.
         """
         seqs = self._running
         if not seqs:
@@ -380,7 +385,16 @@ class EmbeddedEngine:
         slots = list(range(len(seqs)))
         for seq, slot in zip(seqs, slots, strict=True):
             seq.slot = slot
-        self._fill_slots(contexts, slots)
+        first = 0
+        while first < len(seqs):
+            end, width = first + 1, len(contexts[first])
+            while end < len(seqs):
+                wider = max(width, len(contexts[end]))
+                if (end + 1 - first) * wider > self.recompute_chunk_tokens:
+                    break
+                end, width = end + 1, wider
+            self._fill_slots(contexts[first:end], slots[first:end])
+            first = end
         last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
         self._set_slots(slots, last, [seq.req for seq in seqs], [len(c) for c in contexts])
         self._stats["recomputes"] += 1

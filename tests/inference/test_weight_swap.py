@@ -53,7 +53,9 @@ def teacher_forced(model, res: GenResult, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(res.token_ids)[:, None])[:, 0]
 
 
-def swap_mid_flight(old, new, tok, temperature: float) -> tuple[dict[str, GenResult], dict[str, int]]:
+def swap_mid_flight(
+    old, new, tok, temperature: float, chunk_tokens: int = 1 << 15
+) -> tuple[dict[str, GenResult], dict[str, int]]:
     """Requests join at different steps; at the swap one has finished (its slot is a hole), three
     run, two wait for a slot. Returns the results and how many tokens each request had at the swap.
     """
@@ -66,6 +68,7 @@ def swap_mid_flight(old, new, tok, temperature: float) -> tuple[dict[str, GenRes
         5: [("late", PROMPTS[1], params)],
     }
     engine = EmbeddedEngine(copy.deepcopy(old), tok, max_batch_size=4, seed=1)  # loads in place
+    engine.recompute_chunk_tokens = chunk_tokens
     results: dict[str, GenResult] = {}
     at_swap: dict[str, int] = {}
     step = 0
@@ -81,10 +84,13 @@ def swap_mid_flight(old, new, tok, temperature: float) -> tuple[dict[str, GenRes
     return results, at_swap
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_tokens_after_a_swap_have_the_new_weights_log_probs(models, temperature):
+@pytest.mark.parametrize(
+    ("temperature", "chunk_tokens"),
+    [(1.0, 1 << 15), (0.7, 1 << 15), (0.7, 40)],  # 40: one row per recompute forward
+)
+def test_tokens_after_a_swap_have_the_new_weights_log_probs(models, temperature, chunk_tokens):
     old, new, tok = models
-    results, at_swap = swap_mid_flight(old, new, tok, temperature)
+    results, at_swap = swap_mid_flight(old, new, tok, temperature, chunk_tokens)
     # The scenario: one finished before the swap, three straddle it, two start after it.
     assert at_swap == {"r0": 6, "r1": 6, "short": 5, "nucleus": 4}
     for rid, res in results.items():
