@@ -1,0 +1,217 @@
+"""The inference hub: one asyncio front over engine replicas, shared by every caller.
+
+RLVR answers and agent episodes both ask for completions one request at a
+time (`await hub.generate(request)`), from as many coroutines as there are
+answers or episodes in flight. The hub keeps each replica's continuous batch
+fed with all of them: a request joins the running batch at the replica's next
+step, and its caller resumes the moment its last token is out.
+
+    callers (coroutines) --generate--> hub --add_request--> replica 0 .. K-1
+                         <--result---      <--step()------
+
+- Routing: a new request goes to the least-loaded replica (running plus
+  waiting requests). A caller that passes `affinity` (an episode id) keeps all
+  its turns on the replica its first turn went to, where its context is most
+  likely still cached (vLLM's prefix cache; verl routes the same way).
+- Driving: `pump()` is one round: queued weights are swapped in, queued
+  requests and aborts reach their replicas, then each replica with work does
+  one `step()`. Engines are driven from one thread at a time, so requests and
+  aborts that arrive during a step wait in the hub until the round ends.
+  `serve()` pumps until stopped and sleeps while no replica has work.
+  Replicas step one after the other in the loop's thread by default: on CPU
+  that keeps torch in one thread team, and the torch op releases nothing the
+  event loop could use anyway. `parallel=True` steps them in worker threads
+  at once, for engines that wait rather than compute (vLLM on a GPU, the mock
+  engine's simulated latency).
+- Weights: `update_weights` may be called from any thread; the swap happens
+  between two rounds on every replica. Requests in flight keep their tokens
+  and start version (interruptible generation) and every result records the
+  version that started it and the one that finished it.
+- Abort: `abort(request_id)` ends a request at the next round; its caller
+  gets the partial result with finish_reason "abort".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from cadence.inference.types import GenRequest, GenResult, InferenceEngine
+
+
+@dataclass
+class _Replica:
+    engine: InferenceEngine
+    to_add: list[GenRequest] = field(default_factory=list)
+    to_abort: list[str] = field(default_factory=list)
+    owned: set[str] = field(default_factory=set)  # request ids submitted here, not yet resolved
+
+    def load(self) -> int:
+        return len(self.owned)
+
+
+class InferenceHub:
+    """Async `generate` over engine replicas (see module docstring)."""
+
+    def __init__(self, engines: Sequence[InferenceEngine], parallel: bool = False) -> None:
+        if not engines:
+            raise ValueError("an InferenceHub needs at least one engine replica")
+        self.replicas = [_Replica(e) for e in engines]
+        self.parallel = parallel
+        self._futures: dict[str, asyncio.Future[GenResult]] = {}
+        self._where: dict[str, _Replica] = {}
+        self._affinity: dict[str, int] = {}
+        self._weights_lock = threading.Lock()
+        self._new_weights: tuple[dict[str, Tensor], int] | None = None
+        self._work: asyncio.Event | None = None  # set when something arrives for an idle serve()
+        self._work_loop: asyncio.AbstractEventLoop | None = None
+        self.requests = 0
+        self.aborted = 0
+
+    # -- what callers use ---------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The policy version the replicas generate with (the oldest, mid-swap)."""
+        return min(r.engine.version for r in self.replicas)
+
+    def submit(self, req: GenRequest, affinity: str | None = None) -> asyncio.Future[GenResult]:
+        """Queue `req` on a replica; the future resolves with its result. Call in the loop."""
+        if req.request_id in self._futures:
+            raise ValueError(f"request id {req.request_id!r} is already in flight")
+        replica = self._route(affinity)
+        future: asyncio.Future[GenResult] = asyncio.get_running_loop().create_future()
+        self._futures[req.request_id] = future
+        self._where[req.request_id] = replica
+        replica.owned.add(req.request_id)
+        replica.to_add.append(req)
+        self.requests += 1
+        self._wake()
+        return future
+
+    async def generate(self, req: GenRequest, affinity: str | None = None) -> GenResult:
+        """Complete `req`; resumes when its last token is out (or it was aborted)."""
+        return await self.submit(req, affinity)
+
+    def abort(self, request_id: str) -> None:
+        """End a request at the next round; its caller gets the partial result."""
+        replica = self._where.get(request_id)
+        if replica is None:
+            return
+        if any(r.request_id == request_id for r in replica.to_add):
+            # Never reached the engine: answer at once with nothing generated.
+            req = next(r for r in replica.to_add if r.request_id == request_id)
+            replica.to_add.remove(req)
+            version = self.version if req.version is None else req.version
+            self._resolve(GenResult(request_id, list(req.prompt_ids), [], [], "abort", "", version, self.version))
+            return
+        replica.to_abort.append(request_id)
+        self._wake()
+
+    def forget(self, affinity: str) -> None:
+        """An episode ended: its turns need not stay on one replica any more."""
+        self._affinity.pop(affinity, None)
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Queue new weights for every replica (any thread); swapped in between two rounds."""
+        with self._weights_lock:
+            self._new_weights = (state_dict, version)
+        work, loop = self._work, self._work_loop
+        if work is not None and loop is not None:
+            loop.call_soon_threadsafe(work.set)
+
+    def has_work(self) -> bool:
+        """Requests queued or in flight, or weights waiting to be swapped in."""
+        return bool(self._futures) or self._new_weights is not None
+
+    def load(self) -> list[int]:
+        """Requests in flight per replica."""
+        return [r.load() for r in self.replicas]
+
+    # -- driving ------------------------------------------------------------
+    async def pump(self) -> bool:
+        """One round (swap weights, hand over requests and aborts, one step each). False: idle."""
+        self._swap_weights()
+        busy = []
+        for replica in self.replicas:
+            self._hand_over(replica)
+            if replica.engine.has_unfinished():
+                busy.append(replica)
+        if not busy:
+            return False
+        if self.parallel and len(busy) > 1:
+            rounds = await asyncio.gather(*(asyncio.to_thread(r.engine.step) for r in busy))
+        else:
+            rounds = [r.engine.step() for r in busy]
+        for results in rounds:
+            for result in results:
+                self._resolve(result)
+        return True
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Pump until `stop` is set; sleep (no polling) while there is nothing to do."""
+        self._work = asyncio.Event()
+        self._work_loop = asyncio.get_running_loop()
+        try:
+            while not stop.is_set():
+                if await self.pump():
+                    await asyncio.sleep(0)  # let callers whose results came in run (and submit more)
+                    continue
+                self._work.clear()
+                if self._queued():
+                    continue
+                stopping = asyncio.ensure_future(stop.wait())
+                working = asyncio.ensure_future(self._work.wait())
+                await asyncio.wait({stopping, working}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                working.cancel()
+        finally:
+            self._work = self._work_loop = None
+
+    # -- internals ------------------------------------------------------------
+    def _queued(self) -> bool:
+        """Anything for the next round that did not reach an engine yet."""
+        return self._new_weights is not None or any(r.to_add or r.to_abort for r in self.replicas)
+
+    def _route(self, affinity: str | None) -> _Replica:
+        if affinity is not None and affinity in self._affinity:
+            return self.replicas[self._affinity[affinity]]
+        index = min(range(len(self.replicas)), key=lambda i: self.replicas[i].load())
+        if affinity is not None:
+            self._affinity[affinity] = index
+        return self.replicas[index]
+
+    def _swap_weights(self) -> None:
+        with self._weights_lock:
+            new, self._new_weights = self._new_weights, None
+        if new is not None:
+            state_dict, version = new
+            for replica in self.replicas:
+                replica.engine.update_weights(state_dict, version)
+
+    def _hand_over(self, replica: _Replica) -> None:
+        for req in replica.to_add:
+            replica.engine.add_request(req)
+        replica.to_add.clear()
+        for request_id in replica.to_abort:
+            result = replica.engine.abort(request_id)
+            if result is not None:
+                self._resolve(result)
+        replica.to_abort.clear()
+
+    def _resolve(self, result: GenResult) -> None:
+        future = self._futures.pop(result.request_id, None)
+        replica = self._where.pop(result.request_id, None)
+        if replica is not None:
+            replica.owned.discard(result.request_id)
+        if result.finish_reason == "abort":
+            self.aborted += 1
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _wake(self) -> None:
+        if self._work is not None:
+            self._work.set()
