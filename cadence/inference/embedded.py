@@ -28,22 +28,12 @@ sampling draws the same random numbers as a batch that appends new rows and
 deletes finished ones.
 
 A weight update with requests in flight (interruptible generation) keeps
-their tokens and start version but recomputes their cache: one batched
-prefill of every running row's prompt + response so far under the new
-weights (as vLLM does by preempting them). A cache mixing old-weight keys
-with new-weight queries is a state no trainer forward reproduces, so the
-log-prob of a later token would be no policy's probability of it; after the
-recompute it is exactly the new policy's on the full context. Tokens sampled
-before the swap keep the old policy's log-probs: that policy sampled them.
-
-Log-probs (mu, the behaviour policy the trainer's importance ratios divide
-by): log_softmax(logits / T)[token] over the full vocabulary, T the request's
-temperature (1 for greedy), also with top_p < 1: the nucleus decides which
-tokens can be drawn, not what their log-probs mean, so a synchronous run has
-pi_old / mu = 1 on the trainer's side, which computes the same quantity.
-
-The cache holds every token except each row's last sampled one, which is the
-next step's input.
+their tokens and start version but recomputes their cache under the new
+weights (batched prefills of prompt + response so far; vLLM preempts them to
+the same end): old-weight keys read by new-weight queries are a state no
+trainer forward reproduces. Tokens sampled before the swap keep the old
+policy's log-probs: it sampled them. Log-probs (mu) are log_softmax(logits /
+T)[token] over the full vocabulary, also with top_p < 1 (see `GenResult`).
 """
 
 from __future__ import annotations
@@ -54,17 +44,16 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from cadence.inference.kv_cache import SlotKVCache
+from cadence.inference.endings import eos_ids, finish_reason, first_int, response_text, stop_window
+from cadence.inference.kv_cache import SlotKVCache, full_attention_layers
 from cadence.inference.sampling import sample, token_logprobs
 from cadence.inference.types import (
     FinishReason,
     GenRequest,
     GenResult,
     InFlight,
-    cut_at_stop,
     run_to_completion,
 )
 
@@ -102,10 +91,10 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-        self.pad_id = _first_int(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = first_int(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+        self.eos_ids = eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-        num_layers = _full_attention_layers(model)  # fail early on models this engine cannot batch
+        num_layers = full_attention_layers(model)  # fail early on models this engine cannot batch
 
         self._waiting: deque[GenRequest] = deque()
         self._running: list[_Seq] = []  # in admission order, the order rows are sampled in
@@ -468,9 +457,7 @@ class EmbeddedEngine:
 
     def _new_seq(self, req: GenRequest, slot: int) -> _Seq:
         version = self.version if req.version is None else req.version
-        # A stop string of n characters spans at most 4n byte-level tokens.
-        window = 4 * max((len(s) for s in req.params.stop), default=0) + 4
-        return _Seq(req, version, stop_window=window, slot=slot)
+        return _Seq(req, version, stop_window=stop_window(req.params), slot=slot)
 
     def _record(
         self, rows: list[_Seq], tokens: list[int], logprobs: list[float]
@@ -481,7 +468,9 @@ class EmbeddedEngine:
         for i, (seq, tok, lp) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             seq.tokens.append(tok)
             seq.logprobs.append(lp)
-            reason = self._finish_reason(seq, tok)
+            reason = finish_reason(
+                seq, seq.stop_window, self.eos_ids, self.tokenizer, self.max_positions
+            )
             if reason is not None:
                 finished.append(i)
                 done.append(self._result(seq, reason))
@@ -491,32 +480,8 @@ class EmbeddedEngine:
             self._stats["requests_finished"] += len(done)
         return done
 
-    def _finish_reason(self, seq: _Seq, tok: int) -> FinishReason | None:
-        params = seq.req.params
-        if tok in self.eos_ids and not params.ignore_eos:
-            return "stop"
-        if params.stop:
-            tail = self.tokenizer.decode(seq.tokens[-seq.stop_window :], skip_special_tokens=True)
-            if any(s in tail for s in params.stop):
-                return "stop"
-        if len(seq.tokens) >= params.max_new_tokens:
-            return "length"
-        if len(seq.req.prompt_ids) + len(seq.tokens) >= self.max_positions:
-            return "length"
-        return None
-
     def _result(self, seq: _Seq, reason: FinishReason) -> GenResult:
-        tokens = seq.tokens
-        if (
-            reason == "stop"
-            and tokens
-            and tokens[-1] in self.eos_ids
-            and not seq.req.params.ignore_eos
-        ):
-            tokens = tokens[:-1]
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if reason == "stop":
-            text = cut_at_stop(text, seq.req.params.stop)
+        text = response_text(seq, reason, self.eos_ids, self.tokenizer)
         return seq.result(reason, text, self.version)
 
     def _find(self, request_id: str) -> GenRequest | None:
@@ -528,31 +493,3 @@ class EmbeddedEngine:
                 return seq.req
         return None
 
-
-def _full_attention_layers(model: PreTrainedModel) -> int:
-    """The number of cache layers, if every one is plain full attention.
-
-    Left-padded rows sharing one column window assume every layer sees every
-    column, which sliding-window and linear-attention layers do not.
-    """
-    layers = DynamicCache(config=model.config).layers
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        kinds = sorted({type(layer).__name__ for layer in layers})
-        raise NotImplementedError(f"EmbeddedEngine needs full-attention layers only, got {kinds}")
-    return len(layers)
-
-
-def _first_int(*values: object) -> int:
-    return next(v for v in values if isinstance(v, int))
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """EOS ids from the generation config and the tokenizer (either may list several)."""
-    ids: set[int] = set()
-    gen_cfg = getattr(model, "generation_config", None)
-    for value in (getattr(gen_cfg, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(value)
-    return frozenset(ids)

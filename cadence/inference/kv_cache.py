@@ -38,7 +38,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 
 class SlotKVLayer(CacheLayerMixin):
@@ -279,3 +280,16 @@ def _buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
     window widens to the left.
     """
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def full_attention_layers(model: PreTrainedModel) -> int:
+    """The number of cache layers, if every one is plain full attention.
+
+    Left-padded rows sharing one column window assume every layer sees every
+    column, which sliding-window and linear-attention layers do not.
+    """
+    layers = DynamicCache(config=model.config).layers
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers})
+        raise NotImplementedError(f"EmbeddedEngine needs full-attention layers only, got {kinds}")
+    return len(layers)
