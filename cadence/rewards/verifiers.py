@@ -13,21 +13,16 @@ worker does not spend its first timeout window importing sympy.
 from __future__ import annotations
 
 import ast
-import difflib
 import functools
-import importlib
-import importlib.util
 import inspect
 import logging
 import re
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from cadence.data.tasks import Extract, Prompt, stable_hash
-from cadence.rewards.config import PYTHON_PREFIX, RewardConfig
+from cadence.data.tasks import Extract, Prompt
+from cadence.python_spec import PYTHON_PREFIX, load_python_object
+from cadence.rewards.config import RewardConfig
 
 if TYPE_CHECKING:
     from cadence.data.tasks import Task
@@ -204,56 +199,15 @@ class ReasoningGymReward:
         return float(self._scorer(dataset)(answer, entry))
 
 
-def _load_file_module(path: Path) -> ModuleType:
-    name = f"cadence_user_reward_{stable_hash(path.resolve()):x}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
 def resolve_python_reward(spec: str) -> RewardFn:
     """Import the function a ``python:target:function`` spec names; ValueError says why not.
 
     `target` is a module path (``pkg.rewards``) or a file (``/abs/rewards.py``,
     ``./rewards.py``). The function must accept ``(prompt, response)``.
     """
-    body = spec[len(PYTHON_PREFIX) :] if spec.startswith(PYTHON_PREFIX) else spec
-    target, _, func_name = body.rpartition(":")
     where = f"reward.name {spec!r}"
-    if not target or not func_name:
-        raise ValueError(
-            f"{where}: expected 'python:module.path:function' or 'python:/path/file.py:function'"
-        )
-    is_file = target.endswith(".py") or "/" in target
-    path = Path(target).expanduser()
-    if is_file and not path.is_file():
-        raise ValueError(f"{where}: file not found: {path}")
-    try:
-        module = _load_file_module(path) if is_file else importlib.import_module(target)
-    except (Exception, SystemExit) as exc:  # any error while importing user code
-        raise ValueError(
-            f"{where}: importing {target!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    fn = getattr(module, func_name, None)
-    if fn is None:
-        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        close = difflib.get_close_matches(func_name, names, n=3)
-        hint = (
-            f" Did you mean: {', '.join(close)}?"
-            if close
-            else f" Callables there: {sorted(names)[:20]}"
-        )
-        raise ValueError(f"{where}: {target!r} has no function {func_name!r}.{hint}")
+    fn = load_python_object(spec, where, kind="function")
+    target, _, func_name = spec.removeprefix(PYTHON_PREFIX).rpartition(":")
     if not callable(fn):
         raise ValueError(f"{where}: {target}.{func_name} is a {type(fn).__name__}, not a function")
     try:
