@@ -1,0 +1,442 @@
+"""The process that lives inside a sandbox and runs what the host asks for.
+
+Standard library only: it is started as `python -I -S agent.py CONFIG_JSON` inside bubblewrap
+(or, in the rlimits-only fallback, directly). The host talks to it over the agent's stdin/stdout
+with length-prefixed JSON frames. The agent itself runs no user code: it forks a child per call
+(a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
+the sandbox's rlimits in the child, and enforces the wall clock from outside. A persistent Python
+session (state kept across calls) is one more forked child that stays alive.
+"""
+
+import base64
+import fcntl
+import io
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+
+MAX_OUTPUT = 1 << 20  # bytes of stdout/stderr kept per call; the rest is drained and dropped
+CFG: dict = {}
+PROTO_IN = PROTO_OUT = -1
+
+
+def send(fd: int, obj: dict) -> None:
+    data = json.dumps(obj).encode()
+    msg = struct.pack(">I", len(data)) + data
+    while msg:
+        msg = msg[os.write(fd, msg):]
+
+
+def recv(fd: int) -> dict | None:
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def apply_limits(cpu_s: float | None) -> None:
+    """rlimits for a child (never the agent, so a limit hit by user code leaves the agent up)."""
+    lim = CFG["limits"]
+    pairs = [
+        (resource.RLIMIT_AS, lim["memory_mb"] << 20),
+        (resource.RLIMIT_NOFILE, lim["open_files"]),
+        (resource.RLIMIT_FSIZE, lim["file_size_mb"] << 20),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    # RLIMIT_NPROC counts every process of the real uid: the host gives each sandbox its own uid
+    # where it can (nproc_base 0), else the limit comes on top of what the uid already runs.
+    pairs.append((resource.RLIMIT_NPROC, lim["processes"] + CFG["nproc_base"]))
+    if cpu_s is not None:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        base = int(used.ru_utime + used.ru_stime)
+        pairs.append((resource.RLIMIT_CPU, (base + int(cpu_s), base + int(cpu_s) + 1)))
+    for what, value in pairs:
+        resource.setrlimit(what, value if isinstance(value, tuple) else (value, value))
+
+
+def _child_setup(stdin_fd: int, out_fd: int, err_fd: int) -> None:
+    os.setsid()
+    for target, fd in enumerate(_high(stdin_fd, out_fd, err_fd)):
+        os.dup2(fd, target)
+    os.closerange(3, 1 << 16)
+    os.chdir(CFG["workspace"])
+
+
+def run_code(code: str) -> int:
+    """Run Python source in the current process; returns the exit code a `python -c` would."""
+    try:
+        exec(compile(code, "<sandbox>", "exec"), SESSION_GLOBALS)
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except MemoryError:
+        traceback.print_exc()
+        return 137  # reported as a memory limit hit
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+SESSION_GLOBALS: dict = {"__name__": "__main__"}
+
+
+def spawn(req: dict) -> tuple[int, int, int, int]:
+    """Fork a one-shot child for a command or code; returns pid, stdin, stdout, stderr fds."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child_setup(in_r, out_w, err_w)
+            apply_limits(req["cpu_s"])
+            env = dict(CFG["env"], **(req.get("env") or {}))
+            if req.get("code") is not None:
+                os.environ.clear()
+                os.environ.update(env)
+                sys.stdin = io.TextIOWrapper(io.FileIO(0, closefd=False))
+                sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+                sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+                os._exit(run_code(req["code"]))
+            cmd = req["cmd"]
+            argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else cmd
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; programs must not
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as e:  # exec failed: report like a shell would
+            try:
+                os.write(2, f"sandbox: {e}\n".encode())
+            finally:
+                os._exit(127)
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    return pid, in_w, out_r, err_r
+
+
+class Session:
+    """A long-lived forked Python child that keeps its globals across calls."""
+
+    def __init__(self) -> None:
+        cin_r, self.cin = os.pipe()
+        self.cout, cout_w = os.pipe()
+        self.out, out_w = os.pipe()
+        self.err, err_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                session_child(cin_r, cout_w, out_w, err_w)
+            finally:
+                os._exit(1)
+        for fd in (cin_r, cout_w, out_w, err_w):
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in (self.cin, self.cout, self.out, self.err):
+            os.close(fd)
+        _kill(self.pid)
+
+
+def session_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.setsid()
+    for target, fd in enumerate(_high(null, out_w, err_w, cin_r, cout_w)):
+        os.dup2(fd, target)
+    os.closerange(5, 1 << 16)
+    os.chdir(CFG["workspace"])
+    apply_limits(None)
+    os.environ.clear()
+    os.environ.update(CFG["env"])
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    while True:
+        req = recv(3)
+        if req is None:
+            os._exit(0)
+        sys.stdin = io.StringIO(req.get("stdin") or "")
+        apply_cpu(req["cpu_s"])
+        code = run_code(req["code"])
+        send(4, {"exit_code": code})
+
+
+def apply_cpu(cpu_s: float | None) -> None:
+    if cpu_s is None:
+        return
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(used.ru_utime + used.ru_stime + cpu_s) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _high(*fds: int) -> list[int]:
+    """Copies of fds numbered >= 100, so dup2 onto 0..4 cannot clobber one still needed."""
+    return [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def sweep(keep: set[int]) -> int:
+    """Kill every process of this sandbox but the agent (and `keep`): what a hung or runaway call
+    left behind, fork bombs included. Only where the process table is the sandbox's own (a PID
+    namespace, or a uid no one else has); otherwise the caller's process group only."""
+    if not CFG["sweep_ok"]:
+        return 0
+    me, uid, killed = os.getpid(), os.getuid(), 0
+    for _ in range(200):  # a fork bomb refills freed slots; stop it round by round
+        pids = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep or int(name) in (1, me):
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    pids.append(int(name))
+            except OSError:
+                continue
+        if not pids:
+            break
+        for pid in pids:  # stop first so nothing forks while we go through the list
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        _reap()
+    return killed
+
+
+def _wait(pid: int) -> int:
+    """The child's wait status (a SIGKILL status if a sweep already reaped it)."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return signal.SIGKILL
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
+            deadline: float, done_fd: int | None = None) -> dict:
+    """Pump stdin/stdout/stderr until the child exits (or says done), or the deadline passes."""
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    open_fds = {out_fd, err_fd}
+    truncated = False
+    done_msg = None
+    if in_fd is not None and not stdin:
+        os.close(in_fd)
+        in_fd = None
+    if in_fd is not None:
+        os.set_blocking(in_fd, False)
+    while True:
+        if done_fd is None and not open_fds and in_fd is None:
+            break
+        if done_fd is not None and done_msg is not None:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return {"timed_out": True, "out": bufs[out_fd], "err": bufs[err_fd], "truncated": truncated}
+        watch = list(open_fds) + ([done_fd] if done_fd is not None else [])
+        r, w, _ = select.select(watch, [in_fd] if in_fd is not None else [], [], min(left, 1.0))
+        if in_fd in w:
+            try:
+                n = os.write(in_fd, stdin[:65536])
+                stdin = stdin[n:]
+            except BrokenPipeError:
+                stdin = b""
+            if not stdin:
+                os.close(in_fd)
+                in_fd = None
+        for fd in r:
+            if fd == done_fd:
+                done_msg = recv(done_fd)
+                if done_msg is None:
+                    done_msg = {"exit_code": -9, "died": True}
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            room = MAX_OUTPUT - len(bufs[fd])
+            truncated |= len(chunk) > room
+            bufs[fd] += chunk[:max(room, 0)]
+    if done_fd is not None:  # the session flushed before answering: drain what is in the pipes
+        for fd in (out_fd, err_fd):
+            os.set_blocking(fd, False)
+            try:
+                while chunk := os.read(fd, 65536):
+                    bufs[fd] += chunk[:max(MAX_OUTPUT - len(bufs[fd]), 0)]
+            except BlockingIOError:
+                pass
+            os.set_blocking(fd, True)
+    elif in_fd is not None:
+        os.close(in_fd)
+    return {"timed_out": False, "out": bufs[out_fd], "err": bufs[err_fd], "truncated": truncated,
+            "done": done_msg}
+
+
+SIGNAL_LIMITS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}
+
+
+def status_to_result(status: int, is_code: bool) -> tuple[int, str | None]:
+    """Exit code and the limit it shows: killed by SIGXCPU/SIGXFSZ (directly, or a shell's
+    128+signal), or, for Python code, a MemoryError (run_code's 137)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return -sig, SIGNAL_LIMITS.get(sig)
+    code = os.WEXITSTATUS(status)
+    if is_code and code == 137:
+        return code, "memory"
+    return code, SIGNAL_LIMITS.get(code - 128) if code > 128 else None
+
+
+SESSION: Session | None = None
+
+
+def do_exec(req: dict) -> dict:
+    global SESSION
+    t0 = time.monotonic()
+    deadline = t0 + req["timeout"]
+    stdin = (req.get("stdin") or "").encode()
+    use_session = req.get("session") and req.get("code") is not None
+    if use_session:
+        fresh = SESSION is None
+        if fresh:
+            SESSION = Session()
+        s = SESSION
+        send(s.cin, {"code": req["code"], "stdin": req.get("stdin"), "cpu_s": req["cpu_s"]})
+        res = collect(s.pid, None, b"", s.out, s.err, deadline, done_fd=s.cout)
+        limit = None
+        if res["timed_out"] or (res.get("done") or {}).get("died"):
+            s.close()
+            code, limit = status_to_result(_wait(s.pid), True)
+            if res["timed_out"]:
+                code, limit = -9, "wall"
+            SESSION = None
+            sweep(set())
+        else:
+            code = res["done"]["exit_code"]
+            limit = "memory" if code == 137 else None
+        extra = {"session_started": fresh}
+    else:
+        pid, in_w, out_r, err_r = spawn(req)
+        res = collect(pid, in_w, stdin, out_r, err_r, deadline)
+        if res["timed_out"]:
+            _kill(pid)
+            sweep({SESSION.pid} if SESSION else set())
+        status = _wait(pid)
+        for fd in (out_r, err_r):
+            os.close(fd)
+        code, limit = status_to_result(status, req.get("code") is not None)
+        if res["timed_out"]:
+            code, limit = -9, "wall"
+        extra = {}
+    return {"exit_code": code, "stdout": res["out"].decode(errors="replace"),
+            "stderr": res["err"].decode(errors="replace"), "limit": limit,
+            "output_truncated": res["truncated"], "duration_s": time.monotonic() - t0, **extra}
+
+
+def resolve(path: str) -> str:
+    full = os.path.normpath(os.path.join(CFG["workspace"], path))
+    if not CFG["isolated"] and os.path.commonpath([full, CFG["workspace"]]) != CFG["workspace"]:
+        # Unisolated fallback: the host file system is real, so stay inside the workspace.
+        raise PermissionError(f"{path}: outside the workspace")
+    return full
+
+
+def handle(req: dict) -> dict:
+    op = req.get("op")
+    if op == "ping":
+        return {"ok": True}
+    if op == "exec":
+        return do_exec(req)
+    if op == "write":
+        full = resolve(req["path"])
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(base64.b64decode(req["data"]))
+        if req.get("mode") is not None:
+            os.chmod(full, req["mode"])
+        return {"ok": True, "path": full}
+    if op == "read":
+        with open(resolve(req["path"]), "rb") as f:
+            data = f.read(req.get("max_bytes", 16 << 20) + 1)
+        return {"ok": True, "data": base64.b64encode(data[:req.get("max_bytes", 16 << 20)]).decode(),
+                "truncated": len(data) > req.get("max_bytes", 16 << 20)}
+    return {"error": f"unknown op {op!r}"}
+
+
+def main() -> None:
+    global CFG, PROTO_IN, PROTO_OUT
+    CFG = json.loads(sys.argv[1])
+    PROTO_IN, PROTO_OUT = _high(0, 1)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    sys.path[:0] = CFG["site_dirs"]  # the host's packages, importable by forked Python children
+    os.makedirs(CFG["workspace"], exist_ok=True)
+    os.chdir(CFG["workspace"])
+    send(PROTO_OUT, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
+    while True:
+        req = recv(PROTO_IN)
+        if req is None:
+            if SESSION:
+                SESSION.close()
+            sweep(set())
+            return
+        try:
+            resp = handle(req)
+        except OSError as e:
+            resp = {"error": f"{type(e).__name__}: {e.strerror or e}"}
+        except Exception as e:  # a malformed request must not take the agent down
+            resp = {"error": f"{type(e).__name__}: {e}"}
+        _reap()
+        send(PROTO_OUT, resp)
+
+
+if __name__ == "__main__":
+    main()

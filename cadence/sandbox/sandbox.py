@@ -1,0 +1,181 @@
+"""One sandbox on this host: a bwrap'd agent process and a framed pipe to it.
+
+`LocalSandbox` is stateful: its workspace, background processes and (with `session=True`) a
+Python session's globals persist across `exec` calls until `stop()`. Calls are serialised by a
+lock. The agent enforces each call's wall clock; if the agent itself does not answer within that
+wall clock plus a grace period, the sandbox is killed and `SandboxDied` raised (a pool replaces
+it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+from cadence.sandbox.isolation import launch
+from cadence.sandbox.models import (
+    ExecRequest,
+    ExecResult,
+    IsolationUnavailable,
+    Limits,
+    SandboxDied,
+    SandboxError,
+)
+
+GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
+START_TIMEOUT_S = 30.0
+
+
+class LocalSandbox:
+    def __init__(self, limits: Limits | None = None, python: str | None = None,
+                 allow_unisolated: bool = False, sandbox_id: str | None = None) -> None:
+        self.id = sandbox_id or uuid.uuid4().hex[:12]
+        self.limits = limits or Limits()
+        self.python = python
+        self.allow_unisolated = allow_unisolated
+        self.proc: subprocess.Popen | None = None
+        self.isolated = False
+        self.started_at = 0.0
+        self.start_s = 0.0
+        self._lock = threading.Lock()
+        self._workspace_host: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> LocalSandbox:
+        t0 = time.perf_counter()
+        spec = launch(self.limits, self.python, self.allow_unisolated)
+        self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
+        kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
+        self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
+        self.proc = subprocess.Popen(
+            spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+            start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
+        )
+        try:
+            hello = self._recv(time.monotonic() + START_TIMEOUT_S)
+        except SandboxDied as e:
+            err = self._stderr_tail()
+            self.stop()
+            if self.isolated and err:
+                raise IsolationUnavailable(f"bubblewrap could not start a sandbox: {err}") from e
+            raise SandboxDied(f"sandbox {self.id} did not start: {err or e}") from e
+        self.pid = hello["pid"]
+        self.started_at = time.time()
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # bwrap and everything in its namespace
+            except OSError:
+                pass
+            proc.kill()
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                f.close()
+        if getattr(self, "_err", None) is not None:
+            self._err.close()
+            self._err = None
+        if self._workspace_host:
+            shutil.rmtree(self._workspace_host, ignore_errors=True)
+            self._workspace_host = None
+
+    def __enter__(self) -> LocalSandbox:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- calls ---------------------------------------------------------------------------------
+    def exec(self, request: ExecRequest | str | list[str] | None = None, *, code: str | None = None,
+             **kw: object) -> ExecResult:
+        """`exec("ls -l")`, `exec(["python3", "-c", "..."])`, `exec(code="print(1)")`, or an
+        ExecRequest; keyword arguments are ExecRequest fields."""
+        if not isinstance(request, ExecRequest):
+            request = ExecRequest(cmd=request, code=code, **kw)
+        if (request.cmd is None) == (request.code is None):
+            raise SandboxError("exec: give exactly one of cmd or code")
+        timeout = request.timeout_s or self.limits.wall_s
+        resp = self._call({
+            "op": "exec", "cmd": request.cmd, "code": request.code, "stdin": request.stdin,
+            "session": request.session, "env": request.env, "timeout": timeout,
+            "cpu_s": min(self.limits.cpu_s, timeout + 1),
+        }, timeout)
+        return ExecResult(**resp)
+
+    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
+        raw = data.encode() if isinstance(data, str) else data
+        return self._call({"op": "write", "path": path, "data": base64.b64encode(raw).decode(),
+                           "mode": mode}, 30.0)["path"]
+
+    def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
+        return base64.b64decode(self._call({"op": "read", "path": path, "max_bytes": max_bytes}, 30.0)["data"])
+
+    def ping(self, timeout_s: float = 2.0) -> bool:
+        try:
+            return bool(self._call({"op": "ping"}, timeout_s, grace=0.0).get("ok"))
+        except SandboxError:
+            return False
+
+    # -- wire ------------------------------------------------------------------------------------
+    def _call(self, req: dict, timeout_s: float, grace: float = GRACE_S) -> dict:
+        with self._lock:
+            if not self.alive:
+                raise SandboxDied(f"sandbox {self.id} is not running")
+            data = json.dumps(req).encode()
+            try:
+                self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+                self.proc.stdin.flush()
+                resp = self._recv(time.monotonic() + timeout_s + grace)
+            except (BrokenPipeError, SandboxDied) as e:
+                self.stop()
+                raise SandboxDied(f"sandbox {self.id} died or hung: {e}") from e
+        if "error" in resp:
+            raise SandboxError(resp["error"])
+        return resp
+
+    def _recv(self, deadline: float) -> dict:
+        head = self._read(4, deadline)
+        return json.loads(self._read(struct.unpack(">I", head)[0], deadline))
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SandboxDied("no answer before the deadline")
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise SandboxDied("agent exited")
+            buf += chunk
+        return buf
+
+    def _stderr_tail(self) -> str:
+        if self.proc is None:
+            return ""
+        try:
+            self.proc.wait(timeout=2)
+            self._err.seek(0)
+            lines = self._err.read().decode(errors="replace").strip().splitlines()
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            return ""
+        return lines[-1] if lines else ""

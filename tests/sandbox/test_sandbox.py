@@ -1,0 +1,118 @@
+"""LocalSandbox: exec of commands and code, stdin, state across calls, files, limits, fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import cadence.sandbox.isolation as isolation
+from cadence.sandbox import ExecRequest, IsolationUnavailable, Limits, LocalSandbox, SandboxError
+from tests.sandbox.conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
+
+def test_exec_command_code_and_stdin(box):
+    r = box.exec("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code, r.limit) == ("out\n", "err\n", 3, None)
+    r = box.exec(["python3", "-c", "import sys; print(sys.stdin.read().upper())"], stdin="abc")
+    assert r.stdout == "ABC\n" and r.ok
+    r = box.exec(code="import sys; print(sum(map(int, sys.stdin.read().split())))", stdin="1 2 3")
+    assert r.stdout == "6\n"
+    r = box.exec(code="raise ValueError('boom')")
+    assert r.exit_code == 1 and "ValueError: boom" in r.stderr
+    assert box.exec(code="import sys; sys.exit(4)").exit_code == 4
+    assert box.exec("no-such-program-xyz").exit_code == 127
+
+
+def test_state_persists_across_calls(box):
+    """Files, background processes and the Python session's globals survive between calls."""
+    box.exec("echo 41 > n.txt")
+    assert box.exec(code="print(int(open('n.txt').read()) + 1)").stdout == "42\n"
+    first = box.exec(code="counter = 10", session=True)
+    assert first.session_started
+    second = box.exec(code="counter += 1; print(counter)", session=True)
+    assert second.stdout == "11\n" and not second.session_started
+    # A one-shot call does not see (or disturb) the session.
+    assert "NameError" in box.exec(code="print(counter)").stderr
+    assert box.exec(code="print(input())", stdin="typed\n", session=True).stdout == "typed\n"
+
+
+def test_files_round_trip(box):
+    path = box.write_file("dir/data.bin", bytes(range(256)))
+    assert path == "/workspace/dir/data.bin"
+    assert box.read_file("dir/data.bin") == bytes(range(256))
+    assert box.exec("wc -c < dir/data.bin").stdout.strip() == "256"
+    with pytest.raises(SandboxError, match="FileNotFoundError"):
+        box.read_file("missing.txt")
+
+
+def test_sandbox_view(box):
+    """Runs as uid 65534 in a fresh PID namespace, workspace and /tmp empty, no network."""
+    r = box.exec("id -u; pwd; ls -A /tmp; ls -A /workspace; hostname")
+    assert r.stdout.split() == ["65534", "/workspace", "sandbox"]
+    assert box.exec(code="import os; print(os.getppid() <= 2)").stdout == "True\n"
+    assert box.exec("ls /sys/class/net 2>/dev/null || cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split() == ["lo"]
+
+
+def test_wall_clock_limit_kills_and_sandbox_survives(box):
+    r = box.exec(code="while True: pass", timeout_s=0.5)
+    assert r.limit == "wall" and r.exit_code == -9
+    r = box.exec("sleep 30 & sleep 30; echo never", timeout_s=0.5)
+    assert r.limit == "wall" and "never" not in r.stdout
+    assert box.exec("ps -e -o comm= | grep -c sleep || true").stdout.strip() == "0"
+    assert box.exec("echo alive").stdout == "alive\n"
+
+
+def test_session_timeout_resets_session(box):
+    box.exec(code="x = 1", session=True)
+    assert box.exec(code="while True: pass", session=True, timeout_s=0.5).limit == "wall"
+    r = box.exec(code="print('x' in globals())", session=True)
+    assert r.session_started and r.stdout == "False\n"
+
+
+def test_memory_cpu_file_size_limits(small_box):
+    assert small_box.exec(code="x = bytearray(512 << 20)").limit == "memory"
+    assert small_box.exec(code="x = bytearray(512 << 20)", session=True).limit == "memory"
+    assert small_box.exec(code="while True: pass", timeout_s=30).limit == "cpu"
+    r = small_box.exec("head -c 3000000 /dev/zero > big")
+    assert r.limit == "file_size" and small_box.exec("stat -c %s big").stdout.strip() == str(1 << 20)
+    assert small_box.exec("echo fine").ok
+
+
+def test_output_is_capped(box):
+    r = box.exec(code="import sys; sys.stdout.write('x' * (3 << 20))")
+    assert r.output_truncated and len(r.stdout) == 1 << 20 and r.exit_code == 0
+
+
+def test_exec_needs_exactly_one_of_cmd_or_code(box):
+    with pytest.raises(SandboxError, match="exactly one"):
+        box.exec(ExecRequest())
+
+
+def test_limits_validate():
+    with pytest.raises(ValueError, match="memory_mb"):
+        Limits(memory_mb=0)
+    with pytest.raises(ValueError, match="extra"):
+        Limits(memroy_mb=5)
+
+
+def test_without_bwrap_refuses_unless_opted_in(monkeypatch):
+    monkeypatch.setattr(isolation, "bwrap_path", lambda: None)
+    with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
+        LocalSandbox().start()
+    with pytest.warns(UserWarning, match="WITHOUT isolation"):
+        sb = LocalSandbox(allow_unisolated=True).start()
+    try:
+        assert not sb.isolated
+        assert sb.exec("echo hi > f; cat f").stdout == "hi\n"
+        assert sb.exec(code="while True: pass", timeout_s=0.5).limit == "wall"
+        with pytest.raises(SandboxError, match="outside the workspace"):
+            sb.read_file("/etc/hostname")
+    finally:
+        sb.stop()
+    with warnings.catch_warnings(record=True) as caught:  # every start warns, not just the first
+        warnings.simplefilter("default")
+        LocalSandbox(allow_unisolated=True).start().stop()
+    assert any("WITHOUT isolation" in str(w.message) for w in caught)
