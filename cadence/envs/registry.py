@@ -1,0 +1,111 @@
+"""Environments by name: the built-ins, ``python:`` user classes, and `cadence envs`.
+
+Built-in modules are imported only when named, so listing or validating a
+config never pulls in gymnasium or an optional ecosystem package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cadence.envs.contract import contract_problems
+from cadence.python_spec import PYTHON_PREFIX, load_python_object
+
+if TYPE_CHECKING:
+    from cadence.envs.config import EnvConfig
+
+# name -> (module:Class, one line for `cadence envs`)
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "frozenlake": (
+        "cadence.envs.frozenlake:FrozenLakeEnv",
+        "gymnasium FrozenLake on a random map per seed; text grid; Left/Down/Right/Up; "
+        "reward 1 at the goal (kwargs: size, p, slippery)",
+    ),
+    "sokoban": (
+        "cadence.envs.sokoban:SokobanEnv",
+        "generated rooms with 1-2 boxes, each checked solvable by BFS; text grid; "
+        "Up/Down/Left/Right; reward 1 when every box is on a goal (kwargs: width, height, boxes)",
+    ),
+    "code": (
+        "cadence.envs.code_env:CodeEnv",
+        "a computation task; the model runs Python (```python blocks) and sees the output, "
+        "then answers <answer>..</answer>; reward 1 if right (kwargs: timeout_s, memory_mb)",
+    ),
+    "gymnasium": (
+        "cadence.envs.gym_adapter:GymnasiumEnv",
+        "any gymnasium env id with a text rendering or text observations "
+        "(kwargs: id, actions, make_kwargs)",
+    ),
+    "textarena": (
+        "cadence.envs.textarena_adapter:TextArenaEnv",
+        "a single-player TextArena game, e.g. id=GuessTheNumber-v0 "
+        "(optional extra: pip install 'cadence[envs-textarena]')",
+    ),
+}
+
+WRAPPERS = {
+    "latency": "env.latency.*: per-step delay ~ max(0, N(mean_s, std_s)), a fail_slow_share "
+    "x fail_slow_factor slower, a fail_stop_share that never answers (any environment)",
+}
+
+
+def resolve_env_class(name: str) -> type:
+    """The class an env name stands for; ValueError in one line when it is not usable."""
+    if name in BUILTIN_ENVS:
+        module, _, attr = BUILTIN_ENVS[name][0].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    if not name.startswith(PYTHON_PREFIX):
+        raise ValueError(f"env.name {name!r} is not a built-in or a 'python:' spec")
+    where = f"env.name {name!r}"
+    cls = load_python_object(name, where, kind="class")
+    problems = contract_problems(cls)
+    if problems:
+        raise ValueError(
+            f"{where} is not an environment class: {'; '.join(problems)} "
+            "(see 'The environment contract' in docs/agentic.md)"
+        )
+    return cls
+
+
+def default_action_tag(cls: type) -> str | None:
+    """The tag a class's actions come in when the config says 'auto'."""
+    return getattr(cls, "action_tag", "answer")
+
+
+def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
+    """A zero-argument constructor of the configured environment (latency wrapper included).
+
+    `EnvRunner` calls it for the first environment and again for each replacement.
+    """
+    cls = resolve_env_class(cfg.name)
+    kwargs = dict(cfg.kwargs)
+    latency = cfg.latency
+
+    def make() -> Any:
+        env = cls(**kwargs)
+        if latency.enabled:
+            from cadence.envs.latency import with_latency
+
+            env = with_latency(env, **latency.model_dump())
+        return env
+
+    return make
+
+
+def describe() -> dict[str, str]:
+    """One line per built-in environment, for `cadence envs`."""
+    return {name: line for name, (_, line) in BUILTIN_ENVS.items()}
+
+
+def envs_command() -> None:
+    """List the built-in environments, one line each."""
+    import typer
+
+    typer.echo("built-in environments (env.name=NAME; your own: env.name=python:module:Class):")
+    for name, line in describe().items():
+        typer.echo(f"  {name:<11} {line}")
+    typer.echo("wrappers:")
+    for name, line in WRAPPERS.items():
+        typer.echo(f"  {name:<11} {line}")
