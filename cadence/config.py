@@ -330,6 +330,8 @@ def _suggest(loc: tuple, schema: type[BaseModel]) -> str:
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML (optional), apply dotted overrides, validate everything."""
     tree: dict = read_yaml(path) if path is not None else {}
+    if path is not None and {"output", "examples"} & tree.keys() and not tree.keys() & RunConfig.model_fields.keys() - {"seed", "task", "model"}:
+        raise ConfigError(f"config file {path} is a `cadence sft` config; run `cadence sft --config {path}`")
     for text in overrides or []:
         apply_override(tree, *parse_override(text))
     try:

@@ -242,3 +242,8 @@ def test_missing_optional_package_is_named_before_anything_loads(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match="logging.wandb=true needs the 'wandb' package: pip install wandb"):
         load_config(None, ["logging.wandb=true"])
+
+
+def test_sft_config_given_to_train_says_which_command_takes_it(no_training):
+    sft_yaml = Path(__file__).parents[1] / "cadence" / "configs" / "sft_arith.yaml"
+    _one_line_error(_cli(["train", "--config", str(sft_yaml)]), "is a `cadence sft` config", "cadence sft --config")
