@@ -154,6 +154,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         logger.log(0, eval_before.as_metrics())  # step 0: the policy before any update
     workers.start()
     began = time.perf_counter()
+    eval_seconds = 0.0  # held-out evaluation inside the loop: not training time
     bar = tqdm(
         range(start_step + 1, cfg.trainer.steps + 1),
         initial=start_step,
@@ -201,8 +202,10 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         )
         last = step == cfg.trainer.steps
         if (cfg.eval.every and step % cfg.eval.every == 0) or (last and cfg.eval.after):
+            t_eval = time.perf_counter()
             evaluated = workers.evaluate(cfg.eval.samples)
-            metrics.update(evaluated.as_metrics())
+            eval_seconds += time.perf_counter() - t_eval
+            metrics.update({**evaluated.as_metrics(), "time/eval": time.perf_counter() - t_eval})
             eval_after = evaluated if last else None
         if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
             _check_rewards(workers, reward_errors, step)
@@ -226,7 +229,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
             )
         progress["step"] = step
     bar.close()
-    seconds = time.perf_counter() - began
+    seconds = time.perf_counter() - began - eval_seconds
     rollout_metrics = workers.metrics()
     workers.stop()  # no more training rollouts
     if cfg.eval.after and eval_after is None:  # resumed after the last step: nothing ran
