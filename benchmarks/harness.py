@@ -17,7 +17,7 @@ class TrainedRun:
 
     cfg: Any  # cadence.config.RunConfig
     summary: Any  # cadence.recipes.train_rlvr.RunSummary
-    records: list[dict[str, Any]]  # metrics.jsonl, one dict per step
+    records: list[dict[str, Any]]  # metrics.jsonl, one dict per training step
     wall_s: float  # train() in this process, start-up and evaluations included
     began: float  # time.time() when train() was called
     ended: float  # time.time() when it returned
@@ -39,7 +39,8 @@ def train_run(overrides: list[str], run_dir: str | None = None) -> TrainedRun:
         began, t0 = time.time(), time.perf_counter()
         summary = train(cfg)
         wall_s, ended = time.perf_counter() - t0, time.time()
-        records = read_jsonl(summary.run_dir / "metrics.jsonl")
+        # Training steps only: step 0 holds the held-out evaluation before training.
+        records = [r for r in read_jsonl(summary.run_dir / "metrics.jsonl") if "time/step" in r]
     if cfg.runtime.kind == "ray":
         import ray
 
