@@ -13,8 +13,10 @@ from typing import Annotated
 import typer
 
 from cadence.config import ConfigError, RunConfig, load_config
+from cadence.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="cadence: RL post-training for LLMs.")
+app.add_typer(sandbox_app, name="sandbox")
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Overrides like trainer.lr=3e-4.")]
@@ -151,6 +153,14 @@ def algorithms() -> None:
     typer.echo("advantage estimators (algorithm.advantage=NAME):")
     for name, line in advantages.describe().items():
         typer.echo(f"  {name:<16} {line}")
+
+
+@app.command()
+def envs() -> None:
+    """List the built-in environments (env.name=NAME), one line each."""
+    from cadence.envs.registry import envs_command
+
+    envs_command()
 
 
 @app.command()

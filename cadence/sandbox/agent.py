@@ -1,7 +1,7 @@
 """The process that lives inside a sandbox and runs what the host asks for.
 
-Standard library only: it is started as `python -I -S agent.py CONFIG_JSON` inside bubblewrap
-(or, in the rlimits-only fallback, directly). The host talks to it over the agent's stdin/stdout
+Standard library only: `python -I -S -c LOADER N CONFIG_JSON` reads this source (N bytes) from
+stdin and runs it, inside bubblewrap (or, in the rlimits-only fallback, directly). The host talks to it over the agent's stdin/stdout
 with length-prefixed JSON frames. The agent itself runs no user code: it forks a child per call
 (a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
 the sandbox's rlimits in the child, and enforces the wall clock from outside. A persistent Python
@@ -412,7 +412,7 @@ def handle(req: dict) -> dict:
 
 def main() -> None:
     global CFG, PROTO_IN, PROTO_OUT
-    CFG = json.loads(sys.argv[1])
+    CFG = json.loads(sys.argv[-1])
     PROTO_IN, PROTO_OUT = _high(0, 1)
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1):

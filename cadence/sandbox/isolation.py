@@ -28,6 +28,7 @@ from cadence.sandbox.models import IsolationUnavailable, Limits
 
 AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
+LOADER = "import sys; exec(compile(sys.stdin.buffer.read(int(sys.argv[1])), 'cadence-sandbox-agent', 'exec'))"
 WORKSPACE = "/workspace"
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
 
@@ -44,6 +45,7 @@ class Launch:
     argv: list[str]
     user: int | None
     isolated: bool
+    preamble: bytes  # written to the agent's stdin first: its own source (see LOADER)
     workspace_host: str | None = None  # the unisolated fallback's host folder
     env: dict[str, str] = field(default_factory=dict)
 
@@ -141,7 +143,9 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     uid = _host_uid()
     rt = sandbox_python(python, uid is not None)
     bwrap = bwrap_path()
-    agent = open(AGENT_SRC).read()  # passed as `python -c`: no host path to bind or to reach
+    with open(AGENT_SRC, "rb") as f:  # sent over stdin: no host path to bind or to reach
+        agent = f.read()
+    loader = ["-I", "-S", "-c", LOADER, str(len(agent))]
     if bwrap is None and not allow_unisolated:
         raise IsolationUnavailable(
             "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap), or pass "
@@ -168,13 +172,13 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
             os.chown(ws, uid, uid)
         cfg.update(workspace=ws, sweep_ok=uid is not None, isolated=False)
         cfg["env"].update(HOME=ws)
-        argv = [rt.executable, "-I", "-S", "-c", agent, json.dumps(cfg)]
-        return Launch(argv, uid, isolated=False, workspace_host=ws)
+        argv = [rt.executable, *loader, json.dumps(cfg)]
+        return Launch(argv, uid, isolated=False, preamble=agent, workspace_host=ws)
     cfg.update(workspace=WORKSPACE, sweep_ok=True, isolated=True)
     cfg["env"].update(HOME=WORKSPACE)
     size = str(limits.disk_mb << 20)
     argv = [
-        bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+        bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1",
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv",
         *_system_view(),
     ]
@@ -186,6 +190,6 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
         "--chdir", WORKSPACE,
-        rt.executable, "-I", "-S", "-c", agent, json.dumps(cfg),
+        rt.executable, *loader, json.dumps(cfg),
     ]
-    return Launch(argv, uid, isolated=True)
+    return Launch(argv, uid, isolated=True, preamble=agent)

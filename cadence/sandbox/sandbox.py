@@ -62,8 +62,10 @@ class LocalSandbox:
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         )
         try:
+            self.proc.stdin.write(spec.preamble)
+            self.proc.stdin.flush()
             hello = self._recv(time.monotonic() + START_TIMEOUT_S)
-        except SandboxDied as e:
+        except (SandboxDied, BrokenPipeError) as e:
             err = self._stderr_tail()
             self.stop()
             if self.isolated and err:
