@@ -219,7 +219,8 @@ def test_tokens_after_a_weight_update_in_flight_have_the_new_weights_log_probs(s
     temps = [1.0, 0.7, 0.7, 0.0]
     for i, t in enumerate(temps):
         top_p = 0.8 if i == 2 else 1.0
-        params = SamplingParams(max_new_tokens=40, temperature=t, top_p=top_p, ignore_eos=True)
+        # Long enough that vLLM, running ahead of our step() calls, is still generating at the update.
+        params = SamplingParams(max_new_tokens=120, temperature=t, top_p=top_p, ignore_eos=True)
         engine.add_request(GenRequest(f"swap{i}", encode(tok, PROMPTS[i + 1]), params))
     results = {}
     for _ in range(3):
@@ -238,7 +239,8 @@ def test_tokens_after_a_weight_update_in_flight_have_the_new_weights_log_probs(s
         old_err = (mu - teacher_forced(model, res, t)).abs()
         new_err = (mu - teacher_forced(new_model, res, t)).abs()
         k = int((old_err > 1e-4).nonzero()[0]) if bool((old_err > 1e-4).any()) else len(mu)
-        assert seen[res.request_id] <= k < len(mu), (res.request_id, k)  # switched, not too early
+        # Switched, not before the tokens we had (measured: one token after them).
+        assert seen[res.request_id] <= k < len(mu), (res.request_id, seen[res.request_id], k)
         assert bool((new_err[k:] < 1e-4).all()), (res.request_id, k, new_err[k:].max())
         assert (res.version, res.finish_version) == (0, 1)
 
