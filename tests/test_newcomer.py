@@ -247,3 +247,11 @@ def test_missing_optional_package_is_named_before_anything_loads(monkeypatch):
 def test_sft_config_given_to_train_says_which_command_takes_it(no_training):
     sft_yaml = Path(__file__).parents[1] / "cadence" / "configs" / "sft_arith.yaml"
     _one_line_error(_cli(["train", "--config", str(sft_yaml)]), "is a `cadence sft` config", "cadence sft --config")
+
+
+def test_eval_with_a_broken_reward_fails_and_shows_the_traceback(tmp_path):
+    result = _cli(["eval", "builtin", "task.test_size=8", _raising_reward(tmp_path)])
+    assert result.exit_code == 2, result.output
+    error = next(x for x in result.output.splitlines() if x.startswith("reward.name:"))
+    assert "failed on 8 of 8 responses on the held-out prompts" in error
+    assert "return 1 / 0" in result.output and "pass@1" not in result.output
