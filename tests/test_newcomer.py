@@ -255,3 +255,18 @@ def test_eval_with_a_broken_reward_fails_and_shows_the_traceback(tmp_path):
     error = next(x for x in result.output.splitlines() if x.startswith("reward.name:"))
     assert "failed on 8 of 8 responses on the held-out prompts" in error
     assert "return 1 / 0" in result.output and "pass@1" not in result.output
+
+
+def test_ci_runs_the_readmes_commands_verbatim():
+    """The README tells a new user to run its test command: CI must run exactly that."""
+    import re
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    blocks = re.findall(r"```bash\n(.*?)\n```", (root / "README.md").read_text(), re.DOTALL)
+    test_command = next(b for b in blocks if "pytest" in b).strip()
+    ci_lines = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()]
+    assert test_command in ci_lines
+    # A bare `pytest` must find the tests' own helpers (tests.quick_run) as `python -m pytest` does.
+    options = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "." in options.get("pythonpath", [])
