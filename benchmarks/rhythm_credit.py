@@ -155,6 +155,7 @@ def run_one(
         summary = train(cfg)
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").open()]
+    rows = [r for r in rows if "time/step" in r]  # step 0 holds the evaluation before training
     step_total = sum(r["time/step"] for r in rows)
     attention_total = sum(r.get("rhythm/attention_seconds", 0.0) for r in rows)
     return RunRecord(
