@@ -47,7 +47,7 @@ def _drain(rollout: RLVRRollout) -> tuple[SampleBuffer, list[int]]:
     buffer, stats, held, completed = SampleBuffer(0), RolloutStats(), [], 0
     admitted = len(rollout.pending)
     while rollout.pending:
-        held.append(rollout.engine.load())
+        held.append(rollout.hub.load()[0])  # requests in flight: queued in the hub or the engine
         completed += rollout.poll(buffer, stats)
     # poll reports the groups each engine step completed; every answer is counted once.
     assert completed == admitted == len(buffer)
@@ -163,7 +163,10 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
         assert spanned  # long responses in flight continued under the next version
     else:
         assert not spanned  # every response finished on the weights that started it
-    assert {s.version for s in samples} >= {0, 1}
+    # Later weights were swapped in and generated with. (Not necessarily version 1: a worker
+    # still finishing its version-0 requests may find version 2 queued already, and the newest
+    # weights win.)
+    assert min(s.version for s in samples) == 0 and max(s.version for s in samples) >= 1
 
 
 def _mock_worker(alpha: int, quota: int = 2) -> RolloutWorker:

@@ -131,10 +131,34 @@ class InferenceHub:
         """Requests in flight per replica."""
         return [r.load() for r in self.replicas]
 
+    def run(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """Complete `reqs` from synchronous code (no event loop running in this thread).
+
+        Other requests in flight keep being served meanwhile, and their callers get their
+        results as usual. Results come back in request order.
+        """
+
+        async def until_done() -> list[GenResult]:
+            futures = [self.submit(r) for r in reqs]
+            while not all(f.done() for f in futures):
+                await self.pump()
+            return [f.result() for f in futures]
+
+        return asyncio.run(until_done())
+
     # -- driving ------------------------------------------------------------
+    def apply_weights(self) -> None:
+        """Swap queued weights in now. Only between rounds: never while a pump is running."""
+        with self._weights_lock:
+            new, self._new_weights = self._new_weights, None
+        if new is not None:
+            state_dict, version = new
+            for replica in self.replicas:
+                replica.engine.update_weights(state_dict, version)
+
     async def pump(self) -> bool:
         """One round (swap weights, hand over requests and aborts, one step each). False: idle."""
-        self._swap_weights()
+        self.apply_weights()
         busy = []
         for replica in self.replicas:
             self._hand_over(replica)
@@ -183,14 +207,6 @@ class InferenceHub:
         if affinity is not None:
             self._affinity[affinity] = index
         return self.replicas[index]
-
-    def _swap_weights(self) -> None:
-        with self._weights_lock:
-            new, self._new_weights = self._new_weights, None
-        if new is not None:
-            state_dict, version = new
-            for replica in self.replicas:
-                replica.engine.update_weights(state_dict, version)
 
     def _hand_over(self, replica: _Replica) -> None:
         for req in replica.to_add:

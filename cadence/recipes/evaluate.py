@@ -7,6 +7,7 @@ import sys
 from cadence.config import RunConfig
 from cadence.data.tasks import build_task
 from cadence.inference.config import build_engine
+from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.reward_errors import RewardFunctionError, describe_failure, reward_broken
@@ -25,7 +26,7 @@ def run_eval(cfg: RunConfig) -> EvalResult:
     stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
     try:
-        result = evaluate(engine, tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
+        result = evaluate(InferenceHub([engine]), tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
         stats = reward.stats()
     finally:
         reward.close()

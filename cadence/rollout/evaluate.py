@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from cadence.data.tasks import Prompt
-from cadence.inference.types import GenRequest, InferenceEngine, SamplingParams
+from cadence.inference.hub import InferenceHub
+from cadence.inference.types import GenRequest, SamplingParams
 from cadence.rewards.guard import RewardGuard
 
 
@@ -40,7 +41,7 @@ class EvalResult:
 
 
 def evaluate(
-    engine: InferenceEngine,
+    hub: InferenceHub,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[Prompt],
     reward: RewardGuard,
@@ -53,7 +54,7 @@ def evaluate(
         for i, p in enumerate(prompts)
         for j in range(samples)
     ]
-    results = engine.generate(requests)
+    results = hub.run(requests)
     pairs = [(prompts[int(r.request_id.split("/")[1])], r.text) for r in results]
     outcomes = reward.score(pairs)
     correct = [0] * len(prompts)

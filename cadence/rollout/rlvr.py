@@ -1,8 +1,13 @@
 """RLVR rollout: prompts in, scored response groups out (queue scheduling).
 
-Every response is its own engine request and each is scored the moment it
-finishes; the engine's continuous batch takes new requests as soon as slots
-free up. A group goes to the buffer when its last response is in.
+Every response is its own request to the inference hub (the one generation
+path agent episodes use too) and each is scored the moment it finishes; the
+engine's continuous batch takes new requests as soon as slots free up. A
+group goes to the buffer when its last response is in.
+
+The rollout is driven synchronously, one hub round per `poll()`, from the
+rollout worker's thread: requests are submitted to the hub and their results
+collected as their futures resolve, on an event loop the rollout owns.
 
 Prompt replication (`replicate=True`, the default): a prompt that needs n
 answers becomes n one-answer requests, each taking any free engine slot (and,
@@ -13,6 +18,7 @@ requests enter the engine together, only once n slots are free.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from cadence.data.tasks import Prompt
+from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, GenResult, InferenceEngine, SamplingParams
 from cadence.rewards.guard import RewardGuard
 from cadence.rollout.buffer import SampleBuffer
@@ -40,7 +47,7 @@ class RolloutStats:
 class RLVRRollout:
     def __init__(
         self,
-        engine: InferenceEngine,
+        generator: InferenceHub | InferenceEngine,
         tokenizer: PreTrainedTokenizerBase,
         prompts: PromptStream,
         reward: RewardGuard,
@@ -55,7 +62,8 @@ class RLVRRollout:
         replicate: bool = True,
         slots: int | None = None,
     ) -> None:
-        self.engine = engine
+        # A bare engine is served through a hub of one replica: one generation path either way.
+        self.hub = generator if isinstance(generator, InferenceHub) else InferenceHub([generator])
         self.tokenizer = tokenizer
         self.prompts = prompts
         self.reward = reward
@@ -74,6 +82,13 @@ class RLVRRollout:
         self._in_engine = 0  # requests submitted and not finished yet
         self._encoded: dict[str, list[int]] = {}
         self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
+        self._loop = asyncio.new_event_loop()  # the hub's futures live here; driven by poll()
+        self._finished: list[GenResult] = []  # results in the order the hub resolved them
+
+    @property
+    def engine(self) -> InferenceEngine:
+        """The first replica's engine (the only one when a bare engine was given)."""
+        return self.hub.replicas[0].engine
 
     def encode(self, prompt: Prompt) -> list[int]:
         ids = self._encoded.get(prompt.id)
@@ -90,9 +105,9 @@ class RLVRRollout:
             self.pending[group.group_id] = (prompt, group)
             self._next_group_id += self.group_id_step
             self._unsubmitted.append((group, self.encode(prompt)))
-        self._submit()
+        self._loop.run_until_complete(self._submit())
 
-    def _submit(self) -> None:
+    async def _submit(self) -> None:
         while self._unsubmitted:
             group, ids = self._unsubmitted[0]
             if not self.replicate and self.slots is not None and self._in_engine + self.answers > self.slots:
@@ -100,13 +115,18 @@ class RLVRRollout:
                     return
             self._unsubmitted.pop(0)
             for j in range(self.answers):
-                self.engine.add_request(
-                    GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
-                )
+                req = GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
+                self.hub.submit(req).add_done_callback(self._collect)
             self._in_engine += self.answers
 
+    def _collect(self, future: asyncio.Future[GenResult]) -> None:
+        self._finished.append(future.result())
+
     def has_work(self) -> bool:
-        return bool(self._unsubmitted) or self.engine.has_unfinished()
+        return bool(self._unsubmitted) or self.hub.has_work()
+
+    def close(self) -> None:
+        self._loop.close()
 
     def keeps(self, group: Group) -> bool:
         """Dynamic filtering: a group whose rewards barely differ (std at most `filter_min_std`),
@@ -129,14 +149,19 @@ class RLVRRollout:
         return replace(self.params, max_new_tokens=self.length_sampler(), stop=[], ignore_eos=True)
 
     def poll(self, buffer: SampleBuffer, stats: RolloutStats) -> int:
-        """One engine step; finished responses are scored at once. Returns groups completed."""
-        finished = self.engine.step()
+        """One hub round; finished responses are scored at once. Returns groups completed."""
+        self._loop.run_until_complete(self._round())
+        finished, self._finished = self._finished, []
         before = len(self.pending)
         if finished:
             self._in_engine -= len(finished)
             self._score_into(finished, self.pending, buffer, stats)
-            self._submit()
+            self._loop.run_until_complete(self._submit())
         return before - len(self.pending)
+
+    async def _round(self) -> None:
+        await self.hub.pump()
+        await asyncio.sleep(0)  # the resolved futures' callbacks run: results reach _finished
 
     def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
         """Generate and score `num_groups` groups into `buffer` (synchronous use)."""

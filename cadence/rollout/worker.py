@@ -33,6 +33,7 @@ import torch
 from cadence.config import RunConfig
 from cadence.data.tasks import build_task
 from cadence.inference.config import build_engine
+from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.rewards.guard import RewardGuard
@@ -74,6 +75,7 @@ class RolloutWorker:
         self.extra = ro.extra_prompts if filtering else 0
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.engine = build_engine(cfg.rollout.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
+        self.hub = InferenceHub([self.engine])  # every request, training or evaluation, goes through it
         self.task = build_task(cfg.task)
         self.reward = RewardGuard(build_reward(cfg.reward, self.task), cfg.reward.timeout_s, cfg.reward.workers)
         stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(self.task.stop)
@@ -94,7 +96,7 @@ class RolloutWorker:
             prompts = prompts[index::workers] or prompts[:1]
         self.stream = PromptStream(prompts, cfg.seed if self.spread else cfg.seed + index)
         self.rollout = RLVRRollout(
-            self.engine, self.tokenizer, self.stream, self.reward, self.params, ro.group_size,
+            self.hub, self.tokenizer, self.stream, self.reward, self.params, ro.group_size,
             first_group_id=0 if self.spread else index, group_id_step=1 if self.spread else workers,
             length_sampler=self._length_sampler(cfg, index),
             filter_min_std=ro.filter_min_std, filter_mean=(ro.filter_mean_low, ro.filter_mean_high),
@@ -175,7 +177,8 @@ class RolloutWorker:
         if new is None:
             return
         state_dict, version = new
-        self.engine.update_weights(state_dict, version)
+        self.hub.update_weights(state_dict, version)
+        self.hub.apply_weights()  # between two rounds: nothing is stepping now
         self.version = version
         self.swaps += 1
 
@@ -216,7 +219,7 @@ class RolloutWorker:
         with self._lock:
             # Evaluate the newest policy: weights queued for a generating worker go in first.
             self._swap_weights(force=True)
-            return evaluate(self.engine, self.tokenizer, test, self.reward, self.eval_params, samples)
+            return evaluate(self.hub, self.tokenizer, test, self.reward, self.eval_params, samples)
 
     def metrics(self) -> dict[str, float]:
         engine = self.engine.stats()
@@ -278,3 +281,4 @@ class RolloutWorker:
     def close(self) -> None:
         self.stop()
         self.reward.close()
+        self.rollout.close()
