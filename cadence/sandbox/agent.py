@@ -208,38 +208,53 @@ def _kill(pid: int) -> None:
         pass
 
 
-def sweep(keep: set[int]) -> int:
+def sweep(keep: set[int]) -> None:
     """Kill every process of this sandbox but the agent (and `keep`): what a hung or runaway call
-    left behind, fork bombs included. Only where the process table is the sandbox's own (a PID
-    namespace, or a uid no one else has); otherwise the caller's process group only."""
+    left behind, fork bombs included. Only where every process we can signal is the sandbox's
+    (the agent is pid 1 of its PID namespace, or the sandbox has a uid of its own); otherwise a
+    caller kills its child's process group only."""
     if not CFG["sweep_ok"]:
-        return 0
-    me, uid, killed = os.getpid(), os.getuid(), 0
-    for _ in range(200):  # a fork bomb refills freed slots; stop it round by round
-        pids = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in keep or int(name) in (1, me):
-                continue
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    pids.append(int(name))
-            except OSError:
-                continue
-        if not pids:
+        return
+    # kill(-1) reaches every process we may signal, atomically with respect to fork: after the
+    # SIGSTOP nothing can fork any more, so the listing below is complete.
+    _kill_all(signal.SIGSTOP)
+    me, uid = os.getpid(), os.getuid()
+    if not keep:
+        _kill_all(signal.SIGKILL)
+    for pid in keep:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+    # Killed processes take a moment to exit (and are reaped by us, pid 1): wait until they are
+    # gone, so the next call starts with a clean process table and a free process limit.
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        left = [int(n) for n in os.listdir("/proc")
+                if n.isdigit() and int(n) not in keep and int(n) != me and _uid_of(n) == uid]
+        if not left:
             break
-        for pid in pids:  # stop first so nothing forks while we go through the list
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except OSError:
-                pass
-        for pid in pids:
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
             except OSError:
                 pass
         _reap()
-    return killed
+        time.sleep(0.002)
+
+
+def _kill_all(sig: int) -> None:
+    try:
+        os.kill(-1, sig)
+    except OSError:  # ESRCH: nothing left to signal
+        pass
+
+
+def _uid_of(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
 
 
 def _wait(pid: int) -> int:

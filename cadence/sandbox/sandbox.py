@@ -32,6 +32,15 @@ from cadence.sandbox.models import (
     SandboxError,
 )
 
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
 START_TIMEOUT_S = 30.0
 
@@ -79,6 +88,20 @@ class LocalSandbox:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def agent_host_pid(self) -> int | None:
+        """The agent's pid on the host (bwrap's child), for health checks and fault injection."""
+        pid = self.proc.pid if self.proc else None
+        for _ in range(4):
+            if pid is None or not _cmdline(pid).split(b"\0")[0].endswith(b"bwrap"):
+                return pid
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    kids = f.read().split()
+            except OSError:
+                return None
+            pid = int(kids[0]) if kids else None
+        return None
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -1,0 +1,180 @@
+"""Escape suite: what model-written code tries, and what must stay contained.
+
+Each test runs the attack inside a sandbox and then checks, from the host, that it had no
+effect and that the sandbox still serves the next call. To see the suite catch a broken
+sandbox, run it without isolation: `CADENCE_ESCAPE_UNISOLATED=1 pytest tests/sandbox/test_escape.py`
+(the rlimits-only fallback): the file, network and signal tests then fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+import pytest
+
+import cadence.sandbox.isolation as isolation
+from cadence.sandbox import Limits, LocalSandbox, SandboxDied
+from tests.sandbox.conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+UNISOLATED = os.environ.get("CADENCE_ESCAPE_UNISOLATED") == "1"
+LIMITS = Limits(memory_mb=256, processes=64, file_size_mb=8, disk_mb=16, cpu_s=2, wall_s=3)
+
+
+def make_box(limits: Limits = LIMITS) -> LocalSandbox:
+    return LocalSandbox(limits, allow_unisolated=UNISOLATED).start()
+
+
+@pytest.fixture
+def escape_box(monkeypatch):
+    if UNISOLATED:
+        monkeypatch.setattr(isolation, "bwrap_path", lambda: None)
+    sb = make_box()
+    yield sb
+    assert sb.exec("echo next").stdout == "next\n", "the sandbox must serve the call after an attack"
+    sb.stop()
+
+
+@pytest.fixture
+def planted(tmp_path_factory):
+    """A secret file in the host's home and one in the host's /tmp."""
+    secret = uuid.uuid4().hex
+    paths = [os.path.join(os.path.expanduser("~"), f".cadence_escape_{secret[:8]}"),
+             os.path.join("/tmp", f"cadence_escape_{secret[:8]}")]
+    for p in paths:
+        with open(p, "w") as f:
+            f.write(secret)
+        os.chmod(p, 0o644)
+    yield secret, paths
+    for p in paths:
+        os.remove(p)
+
+
+def test_read_files_planted_on_the_host(escape_box, planted):
+    secret, paths = planted
+    for p in paths:
+        for attempt in (f"cat {p}", f"cat /proc/1/root{p}", f"cat /proc/self/root{p}",
+                        f"cd / && cat ../../..{p}"):
+            assert secret not in escape_box.exec(attempt).stdout, attempt
+        code = f"print(open({p!r}).read())"
+        assert secret not in escape_box.exec(code=code).stdout
+    # Nor the project checkout this test runs from.
+    assert escape_box.exec(["cat", os.path.abspath(__file__)]).exit_code != 0
+
+
+def test_write_outside(escape_box, tmp_path):
+    name = f"cadence_escape_{uuid.uuid4().hex[:8]}"
+    targets = [f"/tmp/{name}", os.path.join(os.path.expanduser("~"), name), f"/usr/{name}",
+               str(tmp_path / name), os.path.join(os.path.dirname(os.path.abspath(__file__)), name)]
+    for t in targets:
+        escape_box.exec(f"mkdir -p {os.path.dirname(t)} 2>/dev/null; echo pwned > {t}")
+        escape_box.exec(code=f"open({t!r}, 'w').write('pwned')")
+    for t in targets:
+        assert not os.path.exists(t), t
+
+
+def test_tcp_connection_to_host_loopback(escape_box):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(5)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept() -> None:
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    code = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "s.sendall(b'hello'); print('connected')")
+    r = escape_box.exec(code=code)
+    server.close()
+    t.join()
+    assert "connected" not in r.stdout and not accepted
+    # No route anywhere else either (a public address, DNS).
+    r = escape_box.exec(code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2); print('out')")
+    assert "out" not in r.stdout
+
+
+def test_fork_bomb(escape_box):
+    r = escape_box.exec("bomb() { bomb | bomb & }; bomb; sleep 10", timeout_s=2)
+    assert r.limit == "wall"
+    r = escape_box.exec(code="import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                        timeout_s=2)
+    assert r.limit == "wall"
+    # Everything the bomb started is gone; only the agent is left in the sandbox.
+    code = "import os; print([p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()])"
+    assert escape_box.exec(code=code).stdout == "['1']\n"
+
+
+def test_fork_bomb_cannot_exceed_the_process_limit(escape_box):
+    code = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+            "            time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError:\n    print(n)")
+    r = escape_box.exec(code=code)
+    assert 0 < int(r.stdout) < LIMITS.processes
+
+
+def test_memory_bomb(escape_box):
+    r = escape_box.exec(code="chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))")
+    assert r.limit == "memory"
+    r = escape_box.exec("python3 -c 'x = \"a\" * (1 << 34)'")
+    assert r.exit_code != 0
+
+
+def test_disk_filling_write(escape_box):
+    """One big file stops at file_size_mb; many files stop at the workspace size (disk_mb)."""
+    r = escape_box.exec("cat /dev/zero > big")
+    assert r.limit == "file_size"
+    code = ("import os\ni = 0\ntry:\n    while True:\n        open(f'f{i}', 'wb').write(b'x' * (4 << 20)); i += 1\n"
+            "except OSError as e:\n    print(e.errno)")
+    r = escape_box.exec(code=code)
+    assert r.stdout.strip() == "28"  # ENOSPC
+    used = int(escape_box.exec("du -sm /workspace | cut -f1").stdout)
+    assert used <= LIMITS.disk_mb
+
+
+def test_infinite_loop(escape_box):
+    assert escape_box.exec(code="while True: pass").limit in {"wall", "cpu"}
+    assert escape_box.exec("while :; do :; done").limit in {"wall", "cpu"}
+
+
+def test_kill_the_parent_and_the_service(escape_box):
+    me = os.getpid()
+    attacks = ["kill -9 -1", "kill -9 1", "kill -9 $PPID", f"kill -9 {me}", f"kill -9 {os.getppid()}",
+               "pkill -9 -f pytest; pkill -9 python"]
+    for attack in attacks:
+        escape_box.exec(attack)
+        assert os.getpid() == me  # still here to check
+    assert escape_box.exec("echo agent alive").stdout == "agent alive\n"
+
+
+def test_read_another_sandboxs_workspace(escape_box):
+    other = make_box()
+    try:
+        secret = uuid.uuid4().hex
+        other.write_file("secret.txt", secret)
+        r = escape_box.exec("cat /workspace/secret.txt; grep -rs " + secret + " / --exclude-dir=proc --exclude-dir=sys")
+        assert secret not in r.stdout
+        r = escape_box.exec("for p in /proc/[0-9]*; do cat $p/root/workspace/secret.txt; done 2>/dev/null")
+        assert secret not in r.stdout
+    finally:
+        other.stop()
+
+
+def test_hung_agent_is_detected():
+    """An agent that stops answering is killed and reported dead, not waited on forever."""
+    sb = make_box()
+    try:
+        os.kill(sb.agent_host_pid(), 19)  # SIGSTOP the agent
+        with pytest.raises(SandboxDied):
+            sb._call({"op": "ping"}, 0.5, grace=0.5)
+        assert not sb.alive
+    finally:
+        sb.stop()
