@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -91,6 +91,12 @@ class EnvConfig(BaseModel):
         ge=0,
         description="Subtracted from a turn's reward when the response has no action tag; the "
         "environment is not stepped and the policy is told the format.",
+    )
+    isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description="'thread': the environment runs in a thread of this process; 'process': in "
+        "a child process of its own, so a crash (segfault, exit) fails one episode ('died') "
+        "and a hung step is killed.",
     )
     latency: LatencyConfig = Field(
         default_factory=LatencyConfig,

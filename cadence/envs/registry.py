@@ -75,7 +75,7 @@ def default_action_tag(cls: type) -> str | None:
 
 
 def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
-    """A zero-argument constructor of the configured environment (latency wrapper included).
+    """A zero-argument constructor of the configured environment (isolation, latency included).
 
     `EnvRunner` calls it for the first environment and again for each replacement.
     """
@@ -84,7 +84,12 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
     latency = cfg.latency
 
     def make() -> Any:
-        env = cls(**kwargs)
+        if cfg.isolation == "process":
+            from cadence.envs.process import ProcessEnv
+
+            env: Any = ProcessEnv(cfg.name, kwargs)
+        else:
+            env = cls(**kwargs)
         if latency.enabled:
             from cadence.envs.latency import with_latency
 
