@@ -20,6 +20,9 @@ class Sample:
     response_text: str = ""
     finish_version: int | None = None  # policy version that wrote its last token (None: unknown)
     reward_error: str | None = None
+    # Multi-turn episodes: 1 on the model's tokens, 0 on the environment's (observations appended
+    # between turns). None: every response token is the model's.
+    loss_mask: list[int] | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Position t of every [B, L-1] tensor describes the token at input position
 t+1, the one predicted by logits[:, t]. `mask` is 1 where that token is part
-of a response.
+of a response and was written by the model (an episode's observation tokens
+sit inside its response with mask 0).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[i, : p + r] = 1
-        mask[i, p - 1 : p - 1 + r] = 1.0
+        # Only the model's tokens are trained on; an episode's observation tokens are context.
+        mask[i, p - 1 : p - 1 + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
         behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
         start[i] = p - 1
     return TrainBatch(

@@ -1,0 +1,145 @@
+"""One agent episode: observation -> completion -> environment step -> ..., tokens in and out.
+
+An episode runs as one coroutine against the shared `InferenceHub`, so while
+it waits for its environment the engine serves every other episode:
+
+    ids = encode(first observation)                       model? no: mask 0 (the prompt)
+    repeat:
+        out = await hub.generate(ids)                    model tokens: mask 1, mu, version
+        step = await env.step(out.text)                  (off the event loop)
+        ids += out.token_ids + encode(next observation)  environment tokens: mask 0, mu 0
+    until the episode is done, max_turns, or the context budget is spent
+
+The episode becomes ONE training sample: the first observation is its prompt
+and everything after it, model and environment tokens alike, is its
+response, with `loss_mask` 1 only on the model's tokens. The trainer sees
+exactly the ids the engine sampled and the ids appended for each observation;
+the decoded text is never tokenised again (verl users lost turn separators
+that way), so the trained sequence equals the last turn's context plus its
+output, id for id.
+
+Context budget: a turn is only started when the context plus the turn's
+max_new_tokens fits in `max_context_tokens`; otherwise the episode ends as
+truncated with the rewards it has. Its return is the sum of its step rewards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from cadence.envs.runner import EnvFailure, EnvRunner
+from cadence.inference.hub import InferenceHub
+from cadence.inference.types import GenRequest, SamplingParams
+from cadence.rollout.sample import Sample
+
+
+class TurnFormat(Protocol):
+    """How observations become text around the model's turns."""
+
+    def first(self, observation: str) -> str: ...
+
+    def next(self, observation: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class PlainTurns:
+    """Plain text for models without a chat template (the built-in model):
+    `<observation>\\n` first, then `\\n<observation>\\n` after every model turn."""
+
+    def first(self, observation: str) -> str:
+        return f"{observation}\n"
+
+    def next(self, observation: str) -> str:
+        return f"\n{observation}\n"
+
+
+@dataclass
+class Episode:
+    """What one episode produced: its sample, or why it was lost."""
+
+    seed: int
+    sample: Sample | None = None
+    failure: EnvFailure | None = None
+    turns: int = 0
+    truncated: bool = False
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.sample is not None
+
+
+async def run_episode(
+    hub: InferenceHub,
+    env: EnvRunner,
+    tokenizer: PreTrainedTokenizerBase,
+    params: SamplingParams,
+    seed: int,
+    episode_id: str,
+    group_id: int = 0,
+    turns: TurnFormat = PlainTurns(),
+    max_context_tokens: int = 2048,
+) -> Episode:
+    """Play one episode on `env` (reset with `seed`); see the module docstring."""
+    episode = Episode(seed=seed)
+    first = await env.reset(seed)
+    if isinstance(first, EnvFailure):
+        episode.failure = first
+        return episode
+    prompt = tokenizer(turns.first(first.observation)).input_ids
+    response: list[int] = []
+    loss_mask: list[int] = []
+    mu: list[float] = []
+    versions: list[int] = []
+    finish_version: int | None = None
+    try:
+        while True:
+            context = prompt + response
+            if len(context) + params.max_new_tokens > max_context_tokens:
+                episode.truncated = True
+                break
+            out = await hub.generate(
+                GenRequest(f"{episode_id}/{episode.turns}", context, params), affinity=episode_id
+            )
+            episode.turns += 1
+            response += out.token_ids
+            loss_mask += [1] * len(out.token_ids)
+            mu += out.logprobs
+            versions.append(out.version)
+            finish_version = out.finish_version
+            if out.finish_reason == "abort":  # cancelled (a redundant straggler): nothing to train
+                episode.failure = EnvFailure("died", "step", "generation aborted")
+                return episode
+            step = await env.step(out.text)
+            if isinstance(step, EnvFailure):
+                episode.failure = step
+                return episode
+            episode.rewards.append(step.reward)
+            if step.done:
+                episode.truncated = step.truncated and not step.terminated
+                break
+            observation = tokenizer(turns.next(step.observation), add_special_tokens=False).input_ids
+            response += observation
+            loss_mask += [0] * len(observation)
+            mu += [0.0] * len(observation)
+    finally:
+        hub.forget(episode_id)
+    if not versions:  # the first observation alone filled the budget: nothing the model did
+        episode.failure = EnvFailure("died", "reset", "first observation exceeds max_context_tokens")
+        return episode
+    episode.sample = Sample(
+        prompt_id=f"seed{seed}",
+        group_id=group_id,
+        prompt_ids=prompt,
+        response_ids=response,
+        behaviour_logprobs=mu,
+        reward=sum(episode.rewards),
+        version=min(versions),  # staleness is judged by the oldest turn
+        finish_reason="length" if episode.truncated else "stop",
+        finish_version=finish_version,
+        loss_mask=loss_mask,
+    )
+    return episode
