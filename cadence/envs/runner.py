@@ -142,6 +142,11 @@ def _close_quietly(env: Any) -> None:
     threading.Thread(target=run, name="cadence-env-close", daemon=True).start()
 
 
+def _close_late_env(made: concurrent.futures.Future) -> None:
+    if not made.cancelled() and made.exception() is None:
+        _close_quietly(made.result())
+
+
 class EnvRunner:
     """Runs episodes of one environment at a time (see the module docstring)."""
 
@@ -164,6 +169,7 @@ class EnvRunner:
         self._env: Any = None
         self._worker: _Worker | None = None
         self._in_episode = False
+        self._in_thread: concurrent.futures.Future | None = None  # the latest call in the worker
 
     @classmethod
     def from_config(cls, cfg: Any) -> EnvRunner:
@@ -191,7 +197,8 @@ class EnvRunner:
             pending = fn(*args)
         else:
             assert self._worker is not None
-            pending = asyncio.wrap_future(self._worker.submit(fn, *args))
+            self._in_thread = self._worker.submit(fn, *args)
+            pending = asyncio.wrap_future(self._in_thread)
         return await asyncio.wait_for(pending, self.step_timeout_s)
 
     async def _guarded(self, during: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -205,8 +212,11 @@ class EnvRunner:
             kind, message = "timeout", f"{during} took longer than {self.step_timeout_s:g} s"
         except EnvDied as exc:
             kind, message = "died", f"{during}: {exc}"
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in an env ends its episode only
             kind, message = "raised", f"{during}: {type(exc).__name__}: {exc}"
+        if during == "make" and self._in_thread is not None and not self._in_thread.done():
+            # A constructor past its timeout may still finish: close what it makes then.
+            self._in_thread.add_done_callback(_close_late_env)
         self.counts[f"failures/{kind}"] += 1
         self._discard()
         return EnvFailure(kind, during, message)  # type: ignore[arg-type]

@@ -35,6 +35,8 @@ class Counter:
             raise EnvDied("backend process exited")
         if action == "bad":
             return "only", 1.0
+        if action == "exit":
+            raise SystemExit(4)
         self.value += action == "up"
         done = self.value >= self.target
         return f"at {self.value}", float(done), done, False, {}
@@ -117,6 +119,7 @@ def test_max_turns_truncates_and_a_terminal_step_is_not_truncated():
         ("hang", "timeout", "longer than 0.3 s"),
         ("die", "died", "backend process exited"),
         ("bad", "raised", "must return (observation, reward, terminated, truncated, info)"),
+        ("exit", "raised", "SystemExit: 4"),
     ],
 )
 def test_a_failing_step_is_a_typed_failure_and_the_env_is_replaced(action, kind, words):
@@ -166,6 +169,30 @@ def test_failures_while_making_or_resetting_the_env():
         assert (made.kind, made.during) == ("raised", "make") and "no display" in made.message
         bad = await EnvRunner(BadReset).reset(0)
         assert (bad.kind, bad.during) == ("raised", "reset") and "(observation: str, info: dict)" in bad.message
+
+    run(main())
+
+
+def test_a_constructor_past_the_timeout_fails_and_what_it_makes_late_is_closed():
+    made = []
+    release = threading.Event()
+
+    class SlowToMake(Counter):
+        def __init__(self) -> None:
+            release.wait(10)
+            super().__init__()
+            made.append(self)
+
+    async def main():
+        runner = EnvRunner(SlowToMake, step_timeout_s=0.1)
+        failure = await runner.reset(0)
+        assert (failure.kind, failure.during) == ("timeout", "make") and runner.env is None
+        release.set()
+        for _ in range(200):
+            if made and made[0].closed:
+                break
+            await asyncio.sleep(0.02)
+        assert made and made[0].closed
 
     run(main())
 
