@@ -25,6 +25,7 @@ truncated with the rewards it has. Its return is the sum of its step rewards.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,9 +102,12 @@ async def run_episode(
             if len(context) + params.max_new_tokens > max_context_tokens:
                 episode.truncated = True
                 break
-            out = await hub.generate(
-                GenRequest(f"{episode_id}/{episode.turns}", context, params), affinity=episode_id
-            )
+            request_id = f"{episode_id}/{episode.turns}"
+            try:
+                out = await hub.generate(GenRequest(request_id, context, params), affinity=episode_id)
+            except asyncio.CancelledError:  # a redundant straggler: free its engine slot at once
+                hub.abort(request_id)
+                raise
             episode.turns += 1
             response += out.token_ids
             loss_mask += [1] * len(out.token_ids)

@@ -1,0 +1,121 @@
+"""Environment-level async rollout: groups per seed, redundancy, lost episodes retried."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from cadence.envs.runner import EnvRunner
+from cadence.inference.hub import InferenceHub
+from cadence.inference.mock import MockEngine
+from cadence.inference.types import SamplingParams
+from cadence.models.loading import load_tokenizer
+from cadence.rollout.buffer import SampleBuffer
+from cadence.rollout.env_rollout import EnvRollout
+
+CALLS: dict[str, int] = {}
+
+
+class TwoTurns:
+    """Two turns; the return is 1 for even seeds."""
+
+    def reset(self, seed: int):
+        self.seed, self.turn = seed, 0
+        return f"seed {seed}", {}
+
+    def step(self, action: str):
+        self.turn += 1
+        done = self.turn == 2
+        return "again", float(done and self.seed % 2 == 0), done, False, {}
+
+
+class FailsEveryThirdEpisode(TwoTurns):
+    def reset(self, seed: int):
+        CALLS["resets"] = CALLS.get("resets", 0) + 1
+        self.doomed = CALLS["resets"] % 3 == 0
+        return super().reset(seed)
+
+    def step(self, action: str):
+        if self.doomed:
+            raise RuntimeError("environment crashed")
+        return super().step(action)
+
+
+class OneNeverAnswers(TwoTurns):
+    """The first episode ever made hangs forever (fail-stop); the rest answer at once."""
+
+    made = 0
+
+    def __init__(self):
+        OneNeverAnswers.made += 1
+        self.stuck = OneNeverAnswers.made == 1
+
+    def step(self, action: str):
+        if self.stuck:
+            time.sleep(3600)  # in the runner's thread; only its timeout or cancellation frees the episode
+        return super().step(action)
+
+
+def _rollout(env_cls, group_size=3, redundancy=0, timeout=30.0):
+    hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
+                                   eos_id=1, virtual_clock=True)])
+    buffer = SampleBuffer(async_ratio=0)
+    rollout = EnvRollout(
+        hub, lambda: EnvRunner(env_cls, action_tag=None, step_timeout_s=timeout), load_tokenizer("builtin"),
+        SamplingParams(max_new_tokens=8), buffer, group_size=group_size, redundancy=redundancy,
+    )
+    return hub, buffer, rollout
+
+
+async def _collect(hub, buffer, rollout, groups: int, deadline_s: float = 20.0):
+    stop = asyncio.Event()
+    server = asyncio.create_task(hub.serve(stop))
+    rollout.admit(groups)
+    try:
+        async with asyncio.timeout(deadline_s):
+            while len(buffer) + rollout.counts["groups_dropped"] < groups:
+                rollout.groups_done.clear()
+                await rollout.groups_done.wait()
+        return buffer.get_batch(len(buffer), 0)
+    finally:
+        await rollout.close()
+        stop.set()
+        await server
+
+
+def test_groups_of_episodes_share_a_seed_and_reach_the_buffer():
+    hub, buffer, rollout = _rollout(TwoTurns)
+    groups = asyncio.run(_collect(hub, buffer, rollout, groups=4))
+    assert sorted(g.group_id for g in groups) == [0, 1, 2, 3]
+    for g in groups:
+        assert len(g.samples) == 3 and len({s.prompt_id for s in g.samples}) == 1
+        seed = int(g.prompt_id.removeprefix("seed"))
+        assert all(s.reward == float(seed % 2 == 0) for s in g.samples)
+        assert all(sum(s.loss_mask) < len(s.loss_mask) for s in g.samples)  # observations masked
+    assert rollout.counts["episodes"] == 12 and rollout.turn_total == 24
+    assert not hub.has_work()
+
+
+def test_a_lost_episode_is_counted_and_replaced_on_the_same_seed():
+    CALLS.clear()
+    hub, buffer, rollout = _rollout(FailsEveryThirdEpisode)
+    groups = asyncio.run(_collect(hub, buffer, rollout, groups=3))
+    assert len(groups) == 3 and all(len(g.samples) == 3 for g in groups)
+    assert rollout.counts["lost/raised"] >= 3 and rollout.counts["retried"] == rollout.counts["lost/raised"]
+
+
+def test_redundancy_closes_a_group_without_its_fail_stop_straggler():
+    OneNeverAnswers.made = 0
+    hub, buffer, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=1, timeout=3600)
+    groups = asyncio.run(_collect(hub, buffer, rollout, groups=2))
+    assert len(groups) == 2 and all(len(g.samples) == 2 for g in groups)
+    assert rollout.counts["cancelled"] >= 1  # the hung episode was cancelled when its group closed
+    assert rollout.counts.get("lost/timeout", 0) == 0  # nobody waited for its (hour-long) timeout
+
+
+def test_without_redundancy_a_fail_stop_environment_costs_its_timeout():
+    OneNeverAnswers.made = 0
+    hub, buffer, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=0, timeout=0.2)
+    groups = asyncio.run(_collect(hub, buffer, rollout, groups=1))
+    assert len(groups) == 1 and len(groups[0].samples) == 2
+    assert rollout.counts["lost/timeout"] == 1 and rollout.counts["retried"] == 1
