@@ -148,6 +148,7 @@ def test_guard_keeps_the_first_traceback_of_each_kind(tmp_path):
     assert stats["errors"] == 1 + 1 and set(stats["first_failures"]) == {"ZeroDivisionError"}
     first = stats["first_failures"]["ZeroDivisionError"]
     assert "return 1 / 0" in first["traceback"] and first["prompt"] == "x" and first["response"] == "1"
+    assert "guard.py" not in first["traceback"]  # the user's frames, not the guard's
 
 
 def test_eval_results_go_to_metrics_tensorboard_and_summary(tmp_path):

@@ -57,6 +57,7 @@ MAX_BATCH = 64  # pairs per message to one worker
 FLUSH_S = 0.005  # a worker in a slow batch sends finished results at least this often
 _MAX_MESSAGE = 500  # characters of an error message kept
 _MAX_TRACEBACK = 4000  # characters of a first failure's traceback kept
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames here are left out of tracebacks
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,14 @@ def _describe(exc: BaseException) -> str:
     return text[:_MAX_MESSAGE]
 
 
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside cadence/rewards: the user's code, not ours."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def _call(
     fn: RewardFn, prompt: Prompt, response: str, seen: set[str] | None = None
 ) -> tuple[float, str | None, str | None, float, str | None]:
@@ -100,7 +109,7 @@ def _call(
         kind = type(exc).__name__
         tb = None
         if seen is None or kind not in seen:
-            tb = traceback.format_exc()[-_MAX_TRACEBACK:]
+            tb = _user_traceback(exc)[-_MAX_TRACEBACK:]
             if seen is not None:
                 seen.add(kind)
         return 0.0, kind, _describe(exc), time.perf_counter() - start, tb
