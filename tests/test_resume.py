@@ -115,3 +115,9 @@ def test_config_changes_and_allow_lists():
     }
     with pytest.raises(ConfigError):
         check_resume_config({"trainer": {"lr": 1}}, {"trainer": {"lr": 2}}, ["train"], "c")
+
+
+def test_rollout_workers_cannot_change_on_resume_even_when_allowed():
+    saved, current = {"runtime": {"rollout_workers": 2}}, {"runtime": {"rollout_workers": 4}}
+    with pytest.raises(ConfigError, match="runtime.rollout_workers cannot change on resume"):
+        check_resume_config(saved, current, ["runtime"], "c")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cadence.config import RunConfig
+from cadence.config import ConfigError, RunConfig
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
@@ -31,7 +31,7 @@ class WorkerGroup:
         if self.kind == "inline":
             # Synchronous: generation runs in the trainer's thread (see RolloutWorker.background).
             background = cfg.rollout.async_ratio > 0
-            self.workers: list[Any] = [RolloutWorker(cfg, 0, 1, threads=cfg.runtime.threads, background=background)]
+            self.workers: list[Any] = [worker_class(cfg)(cfg, 0, 1, threads=cfg.runtime.threads, background=background)]
             return
         import ray
 
@@ -44,7 +44,7 @@ class WorkerGroup:
                 configure_logging=True,
             )
         cpus = cfg.runtime.rollout_cpus
-        actor = ray.remote(RolloutWorker).options(
+        actor = ray.remote(worker_class(cfg)).options(
             num_cpus=cpus, num_gpus=cfg.runtime.rollout_gpus, max_concurrency=4
         )
         threads = max(1, math.floor(cpus))
@@ -114,9 +114,9 @@ class WorkerGroup:
 
     def load_state_dict(self, states: list[dict], version: int) -> None:
         if len(states) != len(self.workers):
-            raise ValueError(
-                f"checkpoint has {len(states)} rollout workers, config has {len(self.workers)}; "
-                "resume with the same runtime.rollout_workers"
+            raise ConfigError(
+                f"runtime.rollout_workers: the checkpoint has {len(states)} rollout workers, the config "
+                f"{len(self.workers)}; resume with runtime.rollout_workers={len(states)}"
             )
         if self.kind == "inline":
             self.workers[0].load_state_dict(states[0], version)
@@ -135,6 +135,15 @@ class WorkerGroup:
 
             for w in self.workers:
                 ray.kill(w)
+
+
+def worker_class(cfg: RunConfig) -> type:
+    """Episodes for a config with an env section, task prompts otherwise."""
+    if cfg.env is not None:
+        from cadence.rollout.episode_worker import EpisodeWorker
+
+        return EpisodeWorker
+    return RolloutWorker
 
 
 def join_parts(parts: list[list[Group]]) -> list[Group]:

@@ -24,6 +24,7 @@ from cadence.config import ConfigError
 CONFIG_FILE = "run_config.yaml"  # inside each checkpoint: the config it was trained under
 CHANGES_FILE = "resume_changes.yaml"
 FREE = ("logging.progress",)
+FIXED = ("runtime.rollout_workers",)  # the checkpoint holds one prompt cursor per worker
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -57,6 +58,12 @@ def check_resume_config(
 ) -> dict[str, dict[str, Any]]:
     """The allowed changes; `ConfigError` (one line, naming the fields and the flag) otherwise."""
     changes = config_changes(saved, current)
+    for field in FIXED:
+        if field in changes:
+            raise ConfigError(
+                f"--resume: {field} cannot change on resume ({changes[field]['from']!r} -> "
+                f"{changes[field]['to']!r}); set {field}={changes[field]['from']!r}"
+            )
     refused = [k for k in changes if not _allowed(k, allow)]
     if refused:
         shown = ", ".join(f"{k} ({changes[k]['from']!r} -> {changes[k]['to']!r})" for k in refused[:6])
