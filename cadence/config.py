@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cadence.algo.config import AlgorithmConfig
 from cadence.data.config import TaskConfig
+from cadence.envs.config import EnvConfig
 from cadence.inference.config import EngineConfig
 from cadence.rewards.config import RewardConfig
 
@@ -81,6 +82,15 @@ class RolloutConfig(Section):
         True, description="Prompt replication: a prompt's group_size answers are one-answer requests "
         "spread over all rollout workers (and free engine slots). false: a group is one unit on one "
         "worker, admitted only when the engine has group_size free slots (like n>1 sampling)."
+    )
+    redundancy: int = Field(
+        0, ge=0, description="Agentic runs (env section): extra episodes per group; a group closes "
+        "with its first group_size finished episodes and the stragglers are cancelled (ROLL Flash's "
+        "redundant environments). 0: off."
+    )
+    max_context_tokens: int = Field(
+        2048, gt=0, description="Agentic runs: an episode's token budget (first observation, model "
+        "turns and observations); a turn that would not fit ends the episode as truncated."
     )
     simulate_lengths: LengthSimulation | None = Field(
         None, description="Benchmark mode only: forced long-tailed response lengths (see LengthSimulation)."
@@ -153,6 +163,9 @@ class EvalConfig(Section):
     after: bool = Field(True, description="Evaluate held-out accuracy after training.")
     samples: int = Field(1, gt=0, description="Samples per prompt (k of pass@k).")
     temperature: float = Field(0.0, ge=0, description="0 = greedy pass@1.")
+    episodes: int = Field(
+        64, gt=0, description="Agentic runs: held-out episodes, on environment seeds training never uses."
+    )
     every: int = Field(
         0, ge=0, description="Also evaluate every N training steps, logged as eval/pass@1 etc. at "
         "that step (metrics.jsonl, TensorBoard); 0 = only before and after training."
@@ -171,6 +184,9 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    env: EnvConfig | None = Field(
+        None, description="An environment: trains the agentic pipeline (episodes instead of task prompts)."
+    )
 
     @model_validator(mode="before")
     @classmethod

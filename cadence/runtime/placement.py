@@ -27,7 +27,7 @@ class WorkerGroup:
         self.cfg = cfg
         self.kind = cfg.runtime.kind
         n = cfg.runtime.rollout_workers
-        self.spread = cfg.rollout.replicate_prompts and n > 1
+        self.spread = cfg.rollout.replicate_prompts and n > 1 and cfg.env is None  # episodes are never split
         if self.kind == "inline":
             # Synchronous: generation runs in the trainer's thread (see RolloutWorker.background).
             background = cfg.rollout.async_ratio > 0
