@@ -73,15 +73,17 @@ def test_fail_stop_steps_time_out_in_the_runner_and_the_next_episode_runs(inner_
     stop = {"fail_stop_share": 1.0}
 
     async def main():
-        runner = EnvRunner(lambda: with_latency(inner(), **stop), step_timeout_s=0.3)
+        runner = EnvRunner(lambda: with_latency(inner(), **stop), step_timeout_s=30)
         await runner.reset(0)
         wrapped = runner.env
+        runner.step_timeout_s = 0.3  # the fail-stop step never answers: any limit ends it
         failure = await runner.step("<answer>Up</answer>")
         assert failure.kind == "timeout" and runner.counts["failures/timeout"] == 1
         if inner_kind == "sync":
             await asyncio.sleep(0.05)
             assert wrapped._closed.is_set()  # close() released the thread stuck in the step
         stop["fail_stop_share"] = 0.0  # the replacement answers
+        runner.step_timeout_s = 30
         await runner.reset(0)
         assert (await runner.step("<answer>Up</answer>")).observation.startswith("#")
 

@@ -74,8 +74,9 @@ def test_crashes_are_died_failures_and_the_next_episode_gets_a_new_process(fragi
 
 def test_a_hung_step_times_out_and_its_process_is_killed(fragile):
     async def main():
-        runner = EnvRunner.from_config(fragile.model_copy(update={"step_timeout_s": 1.0}))
+        runner = EnvRunner.from_config(fragile)
         pid = (await runner.reset(0)).info["pid"]
+        runner.step_timeout_s = 1.0  # the hang never ends by itself: any limit ends it
         failure = await runner.step("hang")
         assert failure.kind == "timeout"
         for _ in range(100):  # killed by close(), which runs in a thread of its own
@@ -83,6 +84,7 @@ def test_a_hung_step_times_out_and_its_process_is_killed(fragile):
                 break
             await asyncio.sleep(0.05)
         assert not alive(pid)
+        runner.step_timeout_s = 20
         assert (await runner.reset(1)).info["pid"] != pid
 
     asyncio.run(main())

@@ -14,6 +14,7 @@ class Counter:
     """Counts to a target: action 'up' adds one; reward 1 at the target."""
 
     made = 0
+    gate = threading.Event()  # action "wait" blocks on it
 
     def __init__(self, target: int = 2) -> None:
         type(self).made += 1
@@ -37,6 +38,8 @@ class Counter:
             return "only", 1.0
         if action == "exit":
             raise SystemExit(4)
+        if action == "wait":
+            assert self.gate.wait(30)
         self.value += action == "up"
         done = self.value >= self.target
         return f"at {self.value}", float(done), done, False, {}
@@ -125,8 +128,9 @@ def test_max_turns_truncates_and_a_terminal_step_is_not_truncated():
 def test_a_failing_step_is_a_typed_failure_and_the_env_is_replaced(action, kind, words):
     async def main():
         Counter.made = 0
-        runner = EnvRunner(Counter, action_tag=None, step_timeout_s=0.3)
+        runner = EnvRunner(Counter, action_tag=None, step_timeout_s=30)
         await runner.reset(0)
+        runner.step_timeout_s = 0.3 if action == "hang" else 30  # a hang ends only by the limit
         broken = runner.env
         failure = await runner.step(action)
         assert isinstance(failure, EnvFailure) and failure.done
@@ -134,6 +138,7 @@ def test_a_failing_step_is_a_typed_failure_and_the_env_is_replaced(action, kind,
         assert runner.env is None and runner.counts[f"failures/{kind}"] == 1
         await asyncio.sleep(0.05)  # the discarded env is closed in a thread of its own
         assert broken.closed
+        runner.step_timeout_s = 30
         again = await runner.reset(1)  # a fresh env: the rollout goes on
         assert isinstance(again, ResetResult) and runner.env is not broken and Counter.made == 2
         assert (await runner.step("up")).done
@@ -141,17 +146,19 @@ def test_a_failing_step_is_a_typed_failure_and_the_env_is_replaced(action, kind,
     run(main())
 
 
-def test_a_hung_env_does_not_hold_up_other_episodes():
+def test_a_blocked_env_does_not_hold_up_other_episodes():
     async def main():
-        slow = EnvRunner(Counter, action_tag=None, step_timeout_s=2.0)
-        fast = EnvRunner(Counter, action_tag=None, step_timeout_s=2.0)
+        Counter.gate.clear()
+        slow = EnvRunner(Counter, action_tag=None, step_timeout_s=60)
+        fast = EnvRunner(Counter, action_tag=None, step_timeout_s=60)
         await slow.reset(0)
         await fast.reset(0)
-        hung = asyncio.create_task(slow.step("hang"))
+        blocked = asyncio.create_task(slow.step("wait"))
         # the fast episode finishes while the slow one is still inside its step
         assert (await fast.step("up")).observation == "at 1"
-        assert (await fast.step("up")).done and not hung.done()
-        assert (await hung).kind == "timeout"
+        assert (await fast.step("up")).done and not blocked.done()
+        Counter.gate.set()
+        assert (await blocked).observation == "at 0"
 
     run(main())
 
@@ -199,9 +206,10 @@ def test_a_constructor_past_the_timeout_fails_and_what_it_makes_late_is_closed()
 
 def test_async_env_runs_on_the_loop_and_its_hang_is_cancelled():
     async def main():
-        runner = EnvRunner(AsyncCounter, action_tag=None, step_timeout_s=0.2)
+        runner = EnvRunner(AsyncCounter, action_tag=None, step_timeout_s=30)
         assert (await runner.reset(3)).observation == "at 3"
         assert (await runner.step("go")).info == {"n": 4}
+        runner.step_timeout_s = 0.2
         failure = await runner.step("hang")
         assert failure.kind == "timeout" and runner.counts["failures/timeout"] == 1
         assert (await runner.reset(0)).observation == "at 0"
