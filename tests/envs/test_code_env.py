@@ -97,7 +97,7 @@ def test_check_answer():
 
 
 def test_an_episode_runs_code_then_answers():
-    env = CodeEnv(tasks=["digit_sum"])
+    env = CodeEnv(tasks=["digit_sum"], timeout_s=30)
     question, _ = env.reset(11)
     base, exp = re.findall(r"\d+", question.splitlines()[0])
     obs, reward, terminated, _, info = env.step(py(f"print(sum(map(int, str({base}**{exp}))))"))
@@ -110,7 +110,7 @@ def test_an_episode_runs_code_then_answers():
 
 
 def test_code_in_a_code_tag_and_replies_without_code_or_answer():
-    env = CodeEnv()
+    env = CodeEnv(timeout_s=30)
     env.reset(0)
     assert env.step("<code>print('tagged')</code>")[0] == "stdout:\ntagged"
     obs, reward, terminated, _, info = env.step("I think it is big.")
