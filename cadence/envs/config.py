@@ -149,4 +149,7 @@ class EnvConfig(BaseModel):
             signature.bind(**self.kwargs)
         except TypeError as exc:
             raise ValueError(f"env.kwargs: {cls.__name__}: {exc}") from None
+        check = getattr(cls, "check_config", None)
+        if callable(check):
+            check(**self.kwargs)  # ValueError: a missing extra, an unknown game id, ...
         return self

@@ -52,6 +52,18 @@ class GymnasiumEnv:
 
     action_tag = "answer"
 
+    @staticmethod
+    def check_config(id: str, **_: Any) -> None:  # noqa: A002
+        """Config-time check (nothing is made): gymnasium knows the id."""
+        import difflib
+
+        import gymnasium as gym
+
+        if id not in gym.registry:
+            close = difflib.get_close_matches(id, list(gym.registry), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"env.kwargs.id: gymnasium has no environment {id!r}{hint}")
+
     def __init__(
         self,
         id: str,  # noqa: A002 - gymnasium's own name for it

@@ -12,6 +12,7 @@ move usually 0 or -1, by game).
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from cadence.envs.contract import ResetReturn, StepReturn
@@ -31,6 +32,18 @@ class TextArenaEnv:
     """One player against a TextArena game (see the module docstring)."""
 
     action_tag = None
+
+    @staticmethod
+    def check_config(id: str, make_kwargs: dict[str, Any] | None = None) -> None:  # noqa: A002
+        """Config-time check (no game is made): the extra is installed and knows the game."""
+        try:
+            from textarena.envs.registration import ENV_REGISTRY
+        except ImportError:
+            raise ValueError(f"env.name=textarena needs TextArena: {INSTALL}") from None
+        if id not in ENV_REGISTRY and f"{id}-raw" not in ENV_REGISTRY:
+            close = difflib.get_close_matches(id, list(ENV_REGISTRY), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"env.kwargs.id: TextArena has no game {id!r}{hint}")
 
     def __init__(self, id: str, make_kwargs: dict[str, Any] | None = None) -> None:  # noqa: A002
         ta = _import_textarena()

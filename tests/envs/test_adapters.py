@@ -153,6 +153,8 @@ def test_textarena_guess_the_number_by_bisection():
     assert "Guess The Number" in second
     with pytest.raises(ValueError, match="no game 'NoSuchGame-v0'"):
         TextArenaEnv("NoSuchGame-v0")
+    with pytest.raises(ValueError, match="did you mean 'GuessTheNumber-v0'"):
+        EnvConfig(name="textarena", kwargs={"id": "GuessTheNumbr-v0"})
 
 
 # ------------------------------------------------------------------ the documented example

@@ -61,6 +61,8 @@ def test_every_field_is_described_and_defaults_validate():
         ({"latency": {"fail_slow_share": 0.6, "fail_stop_share": 0.6}}, "must be at most 1"),
         ({"action_tag": "<answer>"}, "plain tag name"),
         ({"max_turn": 3}, "Extra inputs are not permitted"),
+        ({"name": "gymnasium"}, "missing a required argument: 'id'"),
+        ({"name": "gymnasium", "kwargs": {"id": "CartPole-v0x"}}, "did you mean 'CartPole-v0'"),
     ],
 )
 def test_config_errors_name_the_field_and_the_fix(env_file, settings, message):
@@ -107,3 +109,13 @@ def test_cadence_envs_lists_each_builtin_on_one_line():
     for name in BUILTIN_ENVS:
         assert sum(line.split()[:1] == [name] for line in lines) == 1, name
     assert any(line.split()[:1] == ["latency"] for line in lines)
+
+
+def test_textarena_without_the_extra_is_a_config_error_naming_the_install(monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m == "textarena" or m.startswith("textarena.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "textarena", None)  # import textarena now fails
+    with pytest.raises(ValidationError, match=r"needs TextArena: pip install 'cadence\[envs-textarena\]'"):
+        EnvConfig(name="textarena", kwargs={"id": "GuessTheNumber-v0"})
