@@ -277,26 +277,32 @@ def _reap() -> None:
 
 def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
             deadline: float, done_fd: int | None = None) -> dict:
-    """Pump stdin/stdout/stderr until the child exits (or says done), or the deadline passes."""
+    """Pump stdin/stdout/stderr until the child exits (or, for the session, says done), or the
+    deadline passes. Background processes the child left holding its pipes get 0.1 s more to
+    write, not until they exit (`server &` must not turn a call into a timeout)."""
     bufs = {out_fd: bytearray(), err_fd: bytearray()}
     open_fds = {out_fd, err_fd}
-    truncated = False
-    done_msg = None
+    truncated, done_msg, status, after_exit = False, None, None, None
     if in_fd is not None and not stdin:
         os.close(in_fd)
         in_fd = None
     if in_fd is not None:
         os.set_blocking(in_fd, False)
-    while True:
-        if done_fd is None and not open_fds and in_fd is None:
-            break
+    while open_fds or in_fd is not None or (done_fd is not None and done_msg is None):
         if done_fd is not None and done_msg is not None:
             break
-        left = deadline - time.monotonic()
+        if done_fd is None and status is None:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status, after_exit = st, time.monotonic() + 0.1
+        now = time.monotonic()
+        if after_exit is not None and now > after_exit:
+            break
+        left = deadline - now
         if left <= 0:
             return {"timed_out": True, "out": bufs[out_fd], "err": bufs[err_fd], "truncated": truncated}
         watch = list(open_fds) + ([done_fd] if done_fd is not None else [])
-        r, w, _ = select.select(watch, [in_fd] if in_fd is not None else [], [], min(left, 1.0))
+        r, w, _ = select.select(watch, [in_fd] if in_fd is not None else [], [], min(left, 0.02))
         if in_fd in w:
             try:
                 n = os.write(in_fd, stdin[:65536])
@@ -308,9 +314,7 @@ def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
                 in_fd = None
         for fd in r:
             if fd == done_fd:
-                done_msg = recv(done_fd)
-                if done_msg is None:
-                    done_msg = {"exit_code": -9, "died": True}
+                done_msg = recv(done_fd) or {"exit_code": -9, "died": True}
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -328,10 +332,10 @@ def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
             except BlockingIOError:
                 pass
             os.set_blocking(fd, True)
-    elif in_fd is not None:
+    if in_fd is not None:
         os.close(in_fd)
     return {"timed_out": False, "out": bufs[out_fd], "err": bufs[err_fd], "truncated": truncated,
-            "done": done_msg}
+            "done": done_msg, "status": status}
 
 
 SIGNAL_LIMITS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}
@@ -383,7 +387,9 @@ def do_exec(req: dict) -> dict:
         if res["timed_out"]:
             _kill(pid)
             sweep({SESSION.pid} if SESSION else set())
-        status = _wait(pid)
+        status = res.get("status")
+        if status is None:
+            status = _wait(pid)
         for fd in (out_r, err_r):
             os.close(fd)
         code, limit = status_to_result(status, req.get("code") is not None)
@@ -435,6 +441,10 @@ def main() -> None:
     sys.path[:0] = CFG["site_dirs"]  # the host's packages, importable by forked Python children
     os.makedirs(CFG["workspace"], exist_ok=True)
     os.chdir(CFG["workspace"])
+    # The agent counts against the process limit too: a sandbox whose processes fill it cannot
+    # start the next call (or the health probe) until a sweep, which is what a pool should see.
+    nproc = CFG["limits"]["processes"] + CFG["nproc_base"]
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     send(PROTO_OUT, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
     while True:
         req = recv(PROTO_IN)

@@ -1,0 +1,331 @@
+"""A self-healing pool of sandboxes: warm spares, lifecycle states, health checks, replacement.
+
+States: starting -> ready (a warm spare) -> busy (leased to a client) -> stopping -> dead, and
+unhealthy for one that failed a check (it is replaced). A health thread, every
+`health_period_s`, checks liveness of every sandbox and runs the probe in every idle one; a dead,
+hung (no answer within `probe_timeout_s`) or failing (wrong probe output) sandbox is replaced:
+a spare by a new spare, a leased one in place, under the same id with the next generation
+(its files and session are lost, which the exec that hit it reports). Leases unused for
+`idle_timeout_s` are reaped. Every state change goes to the event log with its reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cadence.sandbox.events import EventLog
+from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
+from cadence.sandbox.sandbox import LocalSandbox
+
+STATES = ("starting", "ready", "busy", "unhealthy", "stopping", "dead")
+# Forks a child, writes to the workspace, runs Python: what every call needs.
+PROBE_CODE = "open('.cadence_probe', 'w').write('42'); print(open('.cadence_probe').read())"
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min_size: int = Field(0, ge=0, description="sandboxes kept alive at least (spares fill the gap)")
+    max_size: int = Field(64, ge=1, description="leased sandboxes at most (warm spares come on top)")
+    warm: int = Field(2, ge=0, description="ready spares kept, so an acquire need not cold-start")
+    health_period_s: float = Field(2.0, gt=0)
+    probe_timeout_s: float = Field(5.0, gt=0)
+    idle_timeout_s: float = Field(600.0, gt=0, description="a lease with no call this long is reaped")
+    limits: Limits = Field(default_factory=Limits)
+    python: str | None = None
+    allow_unisolated: bool = False
+    events_path: str = ":memory:"
+
+
+class SandboxInfo(BaseModel):
+    id: str
+    state: str
+    generation: int
+    created_at: float
+    last_used: float
+    execs: int
+    replacements: int
+    last_reason: str
+    limits: Limits
+    isolated: bool
+
+
+class PoolFull(SandboxError):
+    """max_size sandboxes are alive: release one, or raise max_size."""
+
+
+class UnknownSandbox(SandboxError):
+    """No sandbox with this id (never existed, released, or reaped)."""
+
+
+class Slot:
+    """One sandbox id's record; `box` is its current process (replaced on failure)."""
+
+    def __init__(self, box: LocalSandbox, state: str, spare: bool) -> None:
+        self.box, self.id, self.state = box, box.id, state
+        self.generation, self.execs, self.replacements = 0, 0, 0
+        self.created_at = self.last_used = time.time()
+        self.last_reason = ""
+        self.in_call = 0  # calls in flight through the pool (health checks leave those alone)
+        self.spare = spare  # a warm spare until acquired; spares do not count against max_size
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(id=self.id, state=self.state, generation=self.generation,
+                           created_at=self.created_at, last_used=self.last_used, execs=self.execs,
+                           replacements=self.replacements, last_reason=self.last_reason,
+                           limits=self.box.limits, isolated=self.box.isolated)
+
+
+class Pool:
+    def __init__(self, config: PoolConfig | None = None) -> None:
+        self.cfg = config or PoolConfig()
+        self.events = EventLog(self.cfg.events_path)
+        self._slots: dict[str, Slot] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sandbox-start")
+        for sid, state in self.events.last_states().items():  # history from before a restart
+            if state != "dead":
+                self.events.record(sid, -1, "dead", "service restarted (sandboxes die with their service)")
+        self.events.record("-", 0, "pool", f"pool started: {self.cfg.model_dump(exclude={'limits'})}")
+        self._fill()
+        self._health = threading.Thread(target=self._health_loop, name="sandbox-health", daemon=True)
+        self._health.start()
+
+    # -- leases ----------------------------------------------------------------------------------
+    def acquire(self, limits: Limits | None = None) -> SandboxInfo:
+        """A ready sandbox: a warm spare when the limits are the pool's, else a cold start."""
+        if limits is None or limits == self.cfg.limits:
+            with self._lock:
+                spare = next((s for s in self._slots.values() if s.state == "ready"), None)
+                if spare is not None:
+                    if self._leases() >= self.cfg.max_size:
+                        raise PoolFull(self._full_msg())
+                    spare.spare = False
+                    self._set(spare, "busy", "acquired (warm spare)")
+            if spare is not None:
+                self._starter.submit(self._fill)
+                return spare.info()
+        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)")
+        self._starter.submit(self._fill)
+        return slot.info()
+
+    def release(self, sandbox_id: str, reason: str = "released by client") -> None:
+        slot = self._get(sandbox_id)
+        with self._lock:
+            self._slots.pop(sandbox_id, None)
+        self._set(slot, "stopping", reason)
+        slot.box.stop()
+        self._set(slot, "dead", reason)
+        self._starter.submit(self._fill)
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        return self._get(sandbox_id).info()
+
+    def list(self) -> list[SandboxInfo]:
+        with self._lock:
+            return [s.info() for s in self._slots.values()]
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATES, 0)
+        with self._lock:
+            for s in self._slots.values():
+                out[s.state] += 1
+        return out
+
+    # -- calls -----------------------------------------------------------------------------------
+    def exec(self, sandbox_id: str, request: ExecRequest) -> ExecResult:
+        return self._through(sandbox_id, lambda box: box.exec(request))
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None = None) -> str:
+        return self._through(sandbox_id, lambda box: box.write_file(path, data, mode))
+
+    def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return self._through(sandbox_id, lambda box: box.read_file(path))
+
+    def _through(self, sandbox_id: str, call):
+        slot = self._get(sandbox_id)
+        if slot.state != "busy":
+            raise SandboxError(f"sandbox {sandbox_id} is {slot.state}; acquire a sandbox first")
+        box, generation = slot.box, slot.generation
+        with self._lock:
+            slot.in_call += 1
+            slot.last_used = time.time()
+        try:
+            out = call(box)
+            slot.execs += 1
+            return out
+        except SandboxDied as e:
+            self._replace(slot, generation, f"died during a call: {e}")
+            raise SandboxDied(f"sandbox {sandbox_id} died during the call and was replaced by a fresh "
+                              f"one (generation {slot.generation}; its files and session are gone)") from e
+        finally:
+            with self._lock:
+                slot.in_call -= 1
+                slot.last_used = time.time()
+
+    # -- health ----------------------------------------------------------------------------------
+    def check(self) -> None:
+        """One health round (the health thread runs this every health_period_s)."""
+        now = time.time()
+        with self._lock:
+            slots = list(self._slots.values())
+        for slot in slots:
+            if slot.state not in ("ready", "busy"):
+                continue
+            box, generation = slot.box, slot.generation
+            if not box.alive:
+                code = box.proc.returncode if box.proc is not None else None
+                self._replace(slot, generation, f"dead: process exited (code {code})")
+                continue
+            if slot.in_call:
+                continue  # a call in flight has its own deadline
+            if slot.state == "busy" and now - slot.last_used > self.cfg.idle_timeout_s:
+                self.release(slot.id, f"idle reaped: no call for {now - slot.last_used:.0f} s")
+                continue
+            problem = self._probe(box)
+            if problem and slot.in_call == 0 and slot.generation == generation:
+                self._set(slot, "unhealthy", problem)
+                self._replace(slot, generation, problem)
+
+    def _probe(self, box: LocalSandbox) -> str | None:
+        """None if healthy, else why not (hung: no answer in time; failing: wrong answer)."""
+        t0 = time.monotonic()
+        try:
+            r = box.exec(ExecRequest(code=PROBE_CODE, timeout_s=self.cfg.probe_timeout_s))
+        except SandboxDied as e:
+            return f"hung: no answer to the probe within {self.cfg.probe_timeout_s:g} s ({e})"
+        except SandboxError as e:
+            return f"failing: probe error {e}"
+        took = time.monotonic() - t0
+        if r.limit == "wall":
+            return f"hung: probe hit its {self.cfg.probe_timeout_s:g} s wall clock"
+        if r.stdout.strip() != "42" or r.exit_code != 0:
+            return f"failing: probe answered exit {r.exit_code}, stdout {r.stdout[:40]!r}, stderr {r.stderr[-80:]!r}"
+        if took > self.cfg.probe_timeout_s:
+            return f"slow: probe took {took:.2f} s (limit {self.cfg.probe_timeout_s:g} s)"
+        return None
+
+    def _health_loop(self) -> None:
+        while not self._stop.wait(self.cfg.health_period_s):
+            try:
+                self.check()
+                self._fill()
+            except Exception as e:  # the health thread must outlive any one bad round
+                self.events.record("-", 0, "pool", f"health round failed: {type(e).__name__}: {e}")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _replace(self, slot: Slot, generation: int, reason: str) -> None:
+        with self._lock:
+            if slot.generation != generation or self._slots.get(slot.id) is not slot:
+                return  # someone already replaced (or released) it
+            slot.generation += 1
+            slot.replacements += 1
+            old, was = slot.box, slot.state
+        self._set(slot, "dead", reason, generation=generation)
+        old.stop()
+        if was == "ready":  # a spare: drop it, the filler starts another
+            with self._lock:
+                self._slots.pop(slot.id, None)
+            self._starter.submit(self._fill)
+            return
+        self._set(slot, "starting", f"replacement for generation {generation}: {reason}")
+        box = self._start_box(slot.id, old.limits)
+        if box is None:
+            with self._lock:
+                self._slots.pop(slot.id, None)
+            self._set(slot, "dead", "replacement failed to start")
+            return
+        with self._lock:
+            slot.box = box
+        self._set(slot, "busy", f"replaced (cause: {reason})")
+
+    def _fill(self) -> None:
+        """Start spares until `warm` are ready (and min_size are alive), within max_size."""
+        while not self._stop.is_set():
+            with self._lock:
+                alive = len(self._slots)
+                ready = sum(s.state in ("ready", "starting") and s.box.limits == self.cfg.limits
+                            for s in self._slots.values() if s.state != "busy")
+                want = max(self.cfg.warm - ready, self.cfg.min_size - alive)
+                if want <= 0 or alive >= self.cfg.max_size + self.cfg.warm:
+                    return
+                placeholder = Slot(LocalSandbox(self.cfg.limits, self.cfg.python, self.cfg.allow_unisolated),
+                                   "starting", spare=True)
+                self._slots[placeholder.id] = placeholder
+            self.events.record(placeholder.id, 0, "starting", "warm spare")
+            try:
+                placeholder.box.start()
+            except SandboxError as e:
+                with self._lock:
+                    self._slots.pop(placeholder.id, None)
+                self.events.record(placeholder.id, 0, "dead", f"failed to start: {e}")
+                return
+            if self._stop.is_set():
+                placeholder.box.stop()
+                return
+            self._set(placeholder, "ready", f"started in {placeholder.box.start_s * 1e3:.0f} ms")
+
+    def _new_slot(self, limits: Limits, state: str, reason: str) -> Slot:
+        with self._lock:
+            if self._leases() >= self.cfg.max_size:
+                raise PoolFull(self._full_msg())
+            slot = Slot(LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated), "starting", spare=False)
+            self._slots[slot.id] = slot
+        self.events.record(slot.id, 0, "starting", reason)
+        try:
+            slot.box.start()
+        except SandboxError:
+            with self._lock:
+                self._slots.pop(slot.id, None)
+            self.events.record(slot.id, 0, "dead", "failed to start")
+            raise
+        self._set(slot, state, f"{reason}, started in {slot.box.start_s * 1e3:.0f} ms")
+        return slot
+
+    def _leases(self) -> int:
+        return sum(not s.spare for s in self._slots.values())
+
+    def _full_msg(self) -> str:
+        return f"pool full: max_size={self.cfg.max_size} sandboxes leased; release one or raise max_size"
+
+    def _start_box(self, sandbox_id: str, limits: Limits) -> LocalSandbox | None:
+        try:
+            return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id).start()
+        except SandboxError:
+            return None
+
+    def _set(self, slot: Slot, state: str, reason: str, generation: int | None = None) -> None:
+        slot.state, slot.last_reason = state, reason
+        self.events.record(slot.id, slot.generation if generation is None else generation, state, reason)
+
+    def _get(self, sandbox_id: str) -> Slot:
+        with self._lock:
+            slot = self._slots.get(sandbox_id)
+        if slot is None:
+            raise UnknownSandbox(f"no sandbox {sandbox_id!r} (released, reaped, or never created)")
+        return slot
+
+    def close(self) -> None:
+        self._stop.set()
+        self._starter.shutdown(wait=True, cancel_futures=True)
+        self._health.join(timeout=self.cfg.probe_timeout_s + 10)
+        with self._lock:
+            slots = list(self._slots.values())
+            self._slots.clear()
+        for slot in slots:
+            self._set(slot, "stopping", "pool closing")
+            slot.box.stop()
+            self._set(slot, "dead", "pool closing")
+        self.events.record("-", 0, "pool", "pool closed")
+        self.events.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

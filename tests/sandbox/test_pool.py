@@ -1,0 +1,155 @@
+"""The pool: warm spares, leases, health checks that replace dead/hung/failing sandboxes, idle
+reaping, and an event log that survives a restart. Health rounds are run by hand (`check()`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from cadence.sandbox import ExecRequest, Limits, SandboxDied
+from cadence.sandbox.events import EventLog
+from cadence.sandbox.pool import Pool, PoolConfig, PoolFull, UnknownSandbox
+from tests.sandbox.conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+LIMITS = Limits(processes=16, wall_s=5, cpu_s=5, disk_mb=16, file_size_mb=8)
+
+
+def wait_for(pred, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(PoolConfig(warm=1, max_size=4, health_period_s=3600, probe_timeout_s=1.0, limits=LIMITS,
+                        events_path=str(tmp_path / "events.db")))
+    yield p
+    p.close()
+
+
+def reasons(pool: Pool, sid: str) -> list[tuple[str, str]]:
+    return [(e.state, e.reason) for e in pool.events.query(sandbox_id=sid)]
+
+
+def test_warm_spare_is_handed_out_and_refilled(pool):
+    wait_for(lambda: pool.counts()["ready"] == 1, "a warm spare")
+    info = pool.acquire()
+    assert info.state == "busy"
+    assert ("busy", "acquired (warm spare)") in reasons(pool, info.id)
+    wait_for(lambda: pool.counts()["ready"] == 1, "the spare to be refilled")
+    r = pool.exec(info.id, ExecRequest(code="print('hi')"))
+    assert r.stdout == "hi\n" and pool.get(info.id).execs == 1
+    custom = pool.acquire(Limits(memory_mb=128))
+    assert ("acquired (cold start)" in reasons(pool, custom.id)[-1][1]) and custom.limits.memory_mb == 128
+
+
+def test_release_and_unknown_ids(pool):
+    info = pool.acquire()
+    pool.release(info.id)
+    assert [s for s, _ in reasons(pool, info.id)][-2:] == ["stopping", "dead"]
+    with pytest.raises(UnknownSandbox):
+        pool.exec(info.id, ExecRequest(cmd="true"))
+
+
+def test_pool_full(pool):
+    held = [pool.acquire() for _ in range(4)]
+    with pytest.raises(PoolFull, match="max_size=4"):
+        pool.acquire(Limits(memory_mb=128))
+    for h in held:
+        pool.release(h.id)
+
+
+def kill_agent(pool: Pool, sid: str, sig: int = signal.SIGKILL) -> None:
+    os.kill(pool._slots[sid].box.agent_host_pid(), sig)
+
+
+def test_killed_sandboxes_are_replaced(pool):
+    lease = pool.acquire()
+    wait_for(lambda: pool.counts()["ready"] == 1, "a warm spare")
+    spare = next(s.id for s in pool.list() if s.state == "ready")
+    pool.exec(lease.id, ExecRequest(cmd="echo state > f"))
+    kill_agent(pool, spare)
+    kill_agent(pool, lease.id)
+    wait_for(lambda: not pool._slots[lease.id].box.alive, "the kill to land")
+    pool.check()
+    # The leased sandbox comes back under its id, one generation on, with a fresh workspace.
+    info = pool.get(lease.id)
+    assert (info.state, info.generation, info.replacements) == ("busy", 1, 1)
+    assert any(s == "dead" and "process exited" in r for s, r in reasons(pool, lease.id))
+    assert "replaced (cause: dead: process exited" in reasons(pool, lease.id)[-1][1]
+    assert pool.exec(lease.id, ExecRequest(cmd="cat f")).exit_code == 1
+    # The spare is dropped (its cause logged) and a new one started.
+    assert any("process exited" in r for _, r in reasons(pool, spare))
+    wait_for(lambda: any(s.state == "ready" and s.id != spare for s in pool.list()), "a new spare")
+
+
+def test_hung_and_failing_sandboxes_are_replaced(pool):
+    hung = pool.acquire()
+    failing = pool.acquire()
+    kill_agent(pool, hung.id, signal.SIGSTOP)
+    # Fill the workspace: the probe cannot write its file any more.
+    pool.exec(failing.id, ExecRequest(cmd="for i in 1 2 3; do head -c 8000000 /dev/zero > f$i; done"))
+    pool.check()
+    h = reasons(pool, hung.id)
+    assert ("unhealthy" in [s for s, _ in h]) and any(r.startswith("hung") for _, r in h)
+    f = reasons(pool, failing.id)
+    assert any(s == "unhealthy" and r.startswith("failing") for s, r in f)
+    for sid in (hung.id, failing.id):
+        assert pool.get(sid).generation == 1
+        assert pool.exec(sid, ExecRequest(code="print(1)")).stdout == "1\n"
+
+
+def test_death_during_a_call_is_reported_and_replaced(pool):
+    lease = pool.acquire()
+    pid = pool._slots[lease.id].box.agent_host_pid()
+    killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    with pytest.raises(SandboxDied, match="replaced by a fresh one"):
+        pool.exec(lease.id, ExecRequest(code="import time; time.sleep(5)"))
+    killer.join()
+    info = pool.get(lease.id)
+    assert (info.state, info.generation) == ("busy", 1)
+    assert any("died during a call" in r for _, r in reasons(pool, lease.id))
+    assert pool.exec(lease.id, ExecRequest(cmd="echo back")).stdout == "back\n"
+
+
+def test_idle_leases_are_reaped(tmp_path):
+    with Pool(PoolConfig(warm=0, health_period_s=3600, idle_timeout_s=0.2, limits=LIMITS)) as p:
+        lease = p.acquire()
+        time.sleep(0.3)
+        p.check()
+        assert p.list() == []
+        assert "idle reaped" in reasons(p, lease.id)[-1][1]
+
+
+def test_event_log_survives_a_restart(tmp_path):
+    path = str(tmp_path / "ev.db")
+    first = Pool(PoolConfig(warm=0, health_period_s=3600, limits=LIMITS, events_path=path))
+    lease = first.acquire()
+    # A second service on the same log (the first one "crashed" without closing).
+    second = Pool(PoolConfig(warm=0, health_period_s=3600, limits=LIMITS, events_path=path))
+    try:
+        history = reasons(second, lease.id)
+        assert history[0][0] == "starting" and history[-1] == (
+            "dead", "service restarted (sandboxes die with their service)")
+    finally:
+        first.close()
+        second.close()
+    assert EventLog(path).query(sandbox_id=lease.id)[-1].state == "dead"
+
+
+def test_health_thread_runs_by_itself(tmp_path):
+    with Pool(PoolConfig(warm=1, health_period_s=0.1, limits=LIMITS)) as p:
+        wait_for(lambda: p.counts()["ready"] == 1, "a warm spare")
+        spare = p.list()[0].id
+        os.kill(p._slots[spare].box.agent_host_pid(), signal.SIGKILL)
+        wait_for(lambda: any(s.state == "ready" and s.id != spare for s in p.list()), "the replacement")
+        assert any("process exited" in r for _, r in reasons(p, spare))
