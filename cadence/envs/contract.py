@@ -18,7 +18,9 @@ the event loop and must not block it.
 A class may say which tag its actions come in with a class attribute
 ``action_tag = "answer"`` (the runner then passes the text inside the last
 ``<answer>...</answer>`` of the response to `step`), or ``action_tag = None``
-(the whole response).
+(the whole response). An optional static ``check_config(**kwargs)`` runs when the
+config loads and raises ValueError for settings that cannot work (a missing
+package, an unknown game id), so they fail before anything loads.
 """
 
 from __future__ import annotations
