@@ -128,9 +128,11 @@ def _worker(interrupt: bool) -> RolloutWorker:
         None,
         [
             "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.async_ratio=1",
-            "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=30",
-            "rollout.engine.mock.virtual_clock=false", "rollout.engine.mock.step_latency_s=0.002",
-            "rollout.max_new_tokens=64", f"rollout.interrupt_on_update={str(interrupt).lower()}",
+            # Responses of ~0.25 s (a long tail of them past 1 s): when the trainer pushes new
+            # weights some are still being written, however late a loaded machine runs its thread.
+            "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=60",
+            "rollout.engine.mock.virtual_clock=false", "rollout.engine.mock.step_latency_s=0.004",
+            "rollout.max_new_tokens=400", f"rollout.interrupt_on_update={str(interrupt).lower()}",
             "trainer.steps=4", "task.test_size=4",
         ],
     )
