@@ -65,3 +65,99 @@ def run(
     if r.output_truncated:
         typer.secho("sandbox: output truncated at 1 MiB per stream", fg=typer.colors.YELLOW, err=True)
     raise typer.Exit(r.exit_code if r.exit_code >= 0 else 128 - r.exit_code)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8765,
+    token_file: Annotated[str | None, typer.Option(help="Where to write the bearer token (mode 0600).")] = None,
+    events: Annotated[str | None, typer.Option(help="SQLite event log (kept across restarts).")] = None,
+    warm: Annotated[int, typer.Option(help="Ready spares kept warm.")] = 2,
+    max_size: Annotated[int, typer.Option(help="Leased sandboxes at most.")] = 64,
+    health_period_s: Annotated[float, typer.Option(help="Seconds between health checks.")] = 2.0,
+    allow_unisolated: Annotated[bool, typer.Option(
+        "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
+) -> None:
+    """Serve the sandbox API (FastAPI): a bearer token is generated and written to --token-file."""
+    import os
+
+    from cadence.sandbox import server
+    from cadence.sandbox.pool import PoolConfig
+
+    server.serve(PoolConfig(warm=warm, max_size=max_size, health_period_s=health_period_s,
+                            allow_unisolated=allow_unisolated,
+                            events_path=events or os.path.join(server.DEFAULT_DIR, "events.db")),
+                 host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"))
+
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Service URL (default $CADENCE_SANDBOX_URL or http://127.0.0.1:8765).")]
+TokenOpt = Annotated[str | None, typer.Option("--token-file", help="Token file (default ~/.cadence/sandbox/token).")]
+
+
+def _http(url: str | None, token_file: str | None):
+    import os
+
+    import httpx
+
+    from cadence.sandbox.client import resolve
+
+    if token_file:
+        os.environ["CADENCE_SANDBOX_TOKEN_FILE"] = token_file
+    try:
+        urls, token = resolve(url, None)
+    except SandboxError as e:
+        _fail(str(e))
+    return urls[0], httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _get(url: str | None, token_file: str | None, method: str, path: str, **kw):
+    import httpx
+
+    from cadence.sandbox.client import _raise_for
+
+    base, http = _http(url, token_file)
+    try:
+        resp = http.request(method, base + path, **kw)
+        _raise_for(resp)
+    except httpx.HTTPError as e:
+        _fail(f"cannot reach the sandbox service at {base}: {type(e).__name__}; is `cadence sandbox serve` running?")
+    except SandboxError as e:
+        _fail(str(e))
+    return resp.json()
+
+
+@app.command("ls")
+def ls(url: UrlOpt = None, token_file: TokenOpt = None) -> None:
+    """List the service's sandboxes: id, state, generation, calls, replacements, last reason."""
+    st = _get(url, token_file, "GET", "/v1/status")
+    typer.echo("  ".join(f"{k}={v}" for k, v in st["counts"].items()))
+    for s in st["sandboxes"]:
+        typer.echo(f"{s['id']}  {s['state']:<9} gen={s['generation']} execs={s['execs']} "
+                   f"replaced={s['replacements']}  {s['last_reason']}")
+
+
+@app.command()
+def events(
+    url: UrlOpt = None, token_file: TokenOpt = None,
+    sandbox: Annotated[str | None, typer.Option(help="Only this sandbox's events.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (the oldest first).")] = 1000,
+) -> None:
+    """The event log: every state change with its reason."""
+    import time
+
+    params = {"limit": limit, **({"sandbox_id": sandbox} if sandbox else {})}
+    for e in _get(url, token_file, "GET", "/v1/events", params=params):
+        stamp = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
+        typer.echo(f"{stamp}  {e['sandbox_id']}  gen={e['generation']}  {e['state']:<9} {e['reason']}")
+
+
+@app.command()
+def stop(
+    sandbox_ids: Annotated[list[str], typer.Argument(help="Sandbox ids (see `cadence sandbox ls`).")],
+    url: UrlOpt = None, token_file: TokenOpt = None,
+) -> None:
+    """Stop sandboxes on the service."""
+    for sid in sandbox_ids:
+        _get(url, token_file, "DELETE", f"/v1/sandboxes/{sid}")
+        typer.echo(f"stopped {sid}")

@@ -1,0 +1,179 @@
+"""The sandbox service: a pool behind a FastAPI app with a bearer token.
+
+    python -m cadence.sandbox.server --port 8765      (or: cadence sandbox serve)
+
+Every request needs `Authorization: Bearer <token>`; the token is generated at start and written
+to a file only its owner can read (default ~/.cadence/sandbox/token); services meant to share
+clients take one from $CADENCE_SANDBOX_TOKEN instead. Errors come back as
+`{"detail": "<one line>"}` with a meaningful status, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import os
+import secrets
+import sys
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from cadence.sandbox.events import Event
+from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
+from cadence.sandbox.pool import Pool, PoolConfig, PoolFull, SandboxInfo, UnknownSandbox
+
+DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox")
+DEFAULT_PORT = 8765
+
+
+class CreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limits: Limits | None = None
+
+
+class WriteFileRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    content: str
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    mode: int | None = None
+
+
+class FileContent(BaseModel):
+    path: str
+    content: str  # base64
+    encoding: Literal["base64"] = "base64"
+
+
+class Health(BaseModel):
+    ok: bool
+    counts: dict[str, int]
+    isolated: bool | None
+
+
+class Status(BaseModel):
+    counts: dict[str, int]
+    sandboxes: list[SandboxInfo]
+    config: PoolConfig
+
+
+def create_app(pool: Pool, token: str) -> FastAPI:
+    app = FastAPI(title="cadence sandbox service", version="1")
+
+    @app.middleware("http")
+    async def bearer(request: Request, call_next):
+        # Before routing and body parsing: a call without the token does nothing at all.
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            return JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.exception_handler(SandboxError)
+    async def sandbox_error(request: Request, exc: SandboxError):
+        code = (404 if isinstance(exc, UnknownSandbox) else 429 if isinstance(exc, PoolFull)
+                else 503 if isinstance(exc, SandboxDied) else 400)
+        return JSONResponse({"detail": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                             "error": type(exc).__name__}, status_code=code)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception):
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                             "error": "InternalError"}, status_code=500)
+
+    @app.get("/v1/health")
+    def health() -> Health:
+        infos = pool.list()
+        return Health(ok=True, counts=pool.counts(), isolated=infos[0].isolated if infos else None)
+
+    @app.get("/v1/status")
+    def status() -> Status:
+        return Status(counts=pool.counts(), sandboxes=pool.list(), config=pool.cfg)
+
+    @app.post("/v1/sandboxes")
+    def create(req: CreateRequest | None = None) -> SandboxInfo:
+        return pool.acquire(req.limits if req else None)
+
+    @app.get("/v1/sandboxes")
+    def list_() -> list[SandboxInfo]:
+        return pool.list()
+
+    @app.get("/v1/sandboxes/{sandbox_id}")
+    def get(sandbox_id: str) -> SandboxInfo:
+        return pool.get(sandbox_id)
+
+    @app.delete("/v1/sandboxes/{sandbox_id}")
+    def stop(sandbox_id: str) -> dict:
+        pool.release(sandbox_id)
+        return {"ok": True}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/exec")
+    def exec_(sandbox_id: str, req: ExecRequest) -> ExecResult:
+        if (req.cmd is None) == (req.code is None):
+            raise SandboxError("exec: give exactly one of cmd or code")
+        return pool.exec(sandbox_id, req)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/files")
+    def write_file(sandbox_id: str, req: WriteFileRequest) -> dict:
+        data = base64.b64decode(req.content) if req.encoding == "base64" else req.content.encode()
+        return {"path": pool.write_file(sandbox_id, req.path, data, req.mode)}
+
+    @app.get("/v1/sandboxes/{sandbox_id}/files")
+    def read_file(sandbox_id: str, path: str) -> FileContent:
+        return FileContent(path=path, content=base64.b64encode(pool.read_file(sandbox_id, path)).decode())
+
+    @app.get("/v1/events")
+    def events(sandbox_id: str | None = None, since_id: int = 0, limit: int = 1000) -> list[Event]:
+        return pool.events.query(sandbox_id, since_id, min(limit, 10000))
+
+    return app
+
+
+def write_token(path: str, token: str | None = None) -> str:
+    """A fresh token (or the given one: services that share clients share a token) in a file
+    only its owner can read (mode 0600, folder 0700)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    token = token or secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def serve(cfg: PoolConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          token_file: str = os.path.join(DEFAULT_DIR, "token")) -> None:
+    import uvicorn
+
+    token = write_token(token_file, os.environ.get("CADENCE_SANDBOX_TOKEN"))
+    pool = Pool(cfg)
+    try:
+        print(f"cadence sandbox service on http://{host}:{port} (token in {token_file}, events in "
+              f"{cfg.events_path})", file=sys.stderr, flush=True)
+        uvicorn.run(create_app(pool, token), host=host, port=port, log_level="warning")
+    finally:
+        pool.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="cadence sandbox service")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--token-file", default=os.path.join(DEFAULT_DIR, "token"))
+    p.add_argument("--events", default=os.path.join(DEFAULT_DIR, "events.db"))
+    p.add_argument("--warm", type=int, default=2)
+    p.add_argument("--max-size", type=int, default=64)
+    p.add_argument("--health-period-s", type=float, default=2.0)
+    p.add_argument("--allow-unisolated", action="store_true")
+    a = p.parse_args(argv)
+    serve(PoolConfig(warm=a.warm, max_size=a.max_size, health_period_s=a.health_period_s,
+                     allow_unisolated=a.allow_unisolated, events_path=a.events),
+          a.host, a.port, a.token_file)
+
+
+if __name__ == "__main__":
+    main()
