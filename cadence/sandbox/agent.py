@@ -1,44 +1,63 @@
 """The process that lives inside a sandbox and runs what the host asks for.
 
-Standard library only: `python -I -S -c LOADER N CONFIG_JSON` reads this source (N bytes) from
-stdin and runs it, inside bubblewrap (or, in the rlimits-only fallback, directly). The host talks to it over the agent's stdin/stdout
-with length-prefixed JSON frames. The agent itself runs no user code: it forks a child per call
-(a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
+Standard library only: `python -I -S -c LOADER N` reads this source (N bytes) from stdin and
+runs it, inside bubblewrap (or, in the rlimits-only fallback, directly); the config is the first
+frame after it. The host talks to it over the agent's stdin/stdout with length-prefixed frames:
+marshal from the host, JSON back (the host never unmarshals what the sandbox wrote). The agent
+itself runs no user code: it forks a child per call (a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
 the sandbox's rlimits in the child, and enforces the wall clock from outside. A persistent Python
 session (state kept across calls) is one more forked child that stays alive.
 """
 
-import base64
+# Only modules that import nothing heavy (json, base64, traceback and signal pull in re or enum:
+# tens of ms of cold start): marshal for what the host sends, a small JSON writer for replies.
+import _json
+import _signal as signal
+import binascii
 import fcntl
 import io
-import json
+import marshal
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 import time
-import traceback
 
 MAX_OUTPUT = 1 << 20  # bytes of stdout/stderr kept per call; the rest is drained and dropped
 CFG: dict = {}
 PROTO_IN = PROTO_OUT = -1
 
 
-def send(fd: int, obj: dict) -> None:
-    data = json.dumps(obj).encode()
+def to_json(obj) -> str:
+    """JSON for the host (which parses replies as JSON: the sandbox is on the untrusted side)."""
+    if isinstance(obj, str):
+        return _json.encode_basestring_ascii(obj)
+    if obj is None or isinstance(obj, bool):
+        return {None: "null", True: "true", False: "false"}[obj]
+    if isinstance(obj, int | float):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{to_json(str(k))}:{to_json(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, list | tuple):
+        return "[" + ",".join(map(to_json, obj)) + "]"
+    raise TypeError(f"cannot send {type(obj).__name__}")
+
+
+def send(fd: int, obj: dict, as_json: bool = False) -> None:
+    data = to_json(obj).encode() if as_json else marshal.dumps(obj, 4)
     msg = struct.pack(">I", len(data)) + data
     while msg:
         msg = msg[os.write(fd, msg):]
 
 
 def recv(fd: int) -> dict | None:
+    """A marshal frame: from the host, or between the agent and its session (same sandbox)."""
     head = _read_exact(fd, 4)
     if head is None:
         return None
     body = _read_exact(fd, struct.unpack(">I", head)[0])
-    return None if body is None else json.loads(body)
+    return None if body is None else marshal.loads(body)
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -90,10 +109,10 @@ def run_code(code: str) -> int:
         print(e.code, file=sys.stderr)
         return 1
     except MemoryError:
-        traceback.print_exc()
+        _print_exc()
         return 137  # reported as a memory limit hit
     except BaseException:
-        traceback.print_exc()
+        _print_exc()
         return 1
     finally:
         sys.stdout.flush()
@@ -101,6 +120,13 @@ def run_code(code: str) -> int:
 
 
 SESSION_GLOBALS: dict = {"__name__": "__main__"}
+
+
+def _print_exc() -> None:
+    import traceback  # only on this path: its imports cost more than the rest of the agent
+
+    _, exc, tb = sys.exc_info()
+    traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)  # not run_code's frame
 
 
 def spawn(req: dict) -> tuple[int, int, int, int]:
@@ -419,22 +445,22 @@ def handle(req: dict) -> dict:
         full = resolve(req["path"])
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as f:
-            f.write(base64.b64decode(req["data"]))
+            f.write(req["data"])
         if req.get("mode") is not None:
             os.chmod(full, req["mode"])
         return {"ok": True, "path": full}
     if op == "read":
         with open(resolve(req["path"]), "rb") as f:
             data = f.read(req.get("max_bytes", 16 << 20) + 1)
-        return {"ok": True, "data": base64.b64encode(data[:req.get("max_bytes", 16 << 20)]).decode(),
+        return {"ok": True, "data": binascii.b2a_base64(data[:req.get("max_bytes", 16 << 20)], newline=False).decode(),
                 "truncated": len(data) > req.get("max_bytes", 16 << 20)}
     return {"error": f"unknown op {op!r}"}
 
 
 def main() -> None:
     global CFG, PROTO_IN, PROTO_OUT
-    CFG = json.loads(sys.argv[-1])
     PROTO_IN, PROTO_OUT = _high(0, 1)
+    CFG = recv(PROTO_IN)  # the host sends the config right after this source
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1):
         os.dup2(null, fd)
@@ -445,7 +471,7 @@ def main() -> None:
     # start the next call (or the health probe) until a sweep, which is what a pool should see.
     nproc = CFG["limits"]["processes"] + CFG["nproc_base"]
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    send(PROTO_OUT, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
+    send(PROTO_OUT, {"ready": True, "pid": os.getpid(), "uid": os.getuid()}, as_json=True)
     while True:
         req = recv(PROTO_IN)
         if req is None:
@@ -460,7 +486,7 @@ def main() -> None:
         except Exception as e:  # a malformed request must not take the agent down
             resp = {"error": f"{type(e).__name__}: {e}"}
         _reap()
-        send(PROTO_OUT, resp)
+        send(PROTO_OUT, resp, as_json=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ from cadence.sandbox.models import IsolationUnavailable, Limits
 
 AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
-LOADER = "import sys; exec(compile(sys.stdin.buffer.read(int(sys.argv[1])), 'cadence-sandbox-agent', 'exec'))"
+# Reads exactly N bytes of agent source from fd 0 (no buffered reader: it could swallow the config
+# frame that follows) and runs it.
+LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n    src += os.read(0, n - len(src))\n"
+          "exec(compile(src, 'cadence-sandbox-agent', 'exec'))")
 WORKSPACE = "/workspace"
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
 
@@ -46,6 +49,7 @@ class Launch:
     user: int | None
     isolated: bool
     preamble: bytes  # written to the agent's stdin first: its own source (see LOADER)
+    config: dict
     workspace_host: str | None = None  # the unisolated fallback's host folder
     env: dict[str, str] = field(default_factory=dict)
 
@@ -100,6 +104,12 @@ def sandbox_python(python: str | None, switching_uid: bool) -> Runtime:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _agent_source() -> bytes:
+    with open(AGENT_SRC, "rb") as f:  # sent over stdin: no host path to bind or to reach
+        return f.read()
+
+
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
@@ -143,8 +153,7 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     uid = _host_uid()
     rt = sandbox_python(python, uid is not None)
     bwrap = bwrap_path()
-    with open(AGENT_SRC, "rb") as f:  # sent over stdin: no host path to bind or to reach
-        agent = f.read()
+    agent = _agent_source()
     loader = ["-I", "-S", "-c", LOADER, str(len(agent))]
     if bwrap is None and not allow_unisolated:
         raise IsolationUnavailable(
@@ -172,8 +181,8 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
             os.chown(ws, uid, uid)
         cfg.update(workspace=ws, sweep_ok=uid is not None, isolated=False)
         cfg["env"].update(HOME=ws)
-        argv = [rt.executable, *loader, json.dumps(cfg)]
-        return Launch(argv, uid, isolated=False, preamble=agent, workspace_host=ws)
+        argv = [rt.executable, *loader]
+        return Launch(argv, uid, isolated=False, preamble=agent, config=cfg, workspace_host=ws)
     cfg.update(workspace=WORKSPACE, sweep_ok=True, isolated=True)
     cfg["env"].update(HOME=WORKSPACE)
     size = str(limits.disk_mb << 20)
@@ -190,6 +199,6 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
         "--chdir", WORKSPACE,
-        rt.executable, *loader, json.dumps(cfg),
+        rt.executable, *loader,
     ]
-    return Launch(argv, uid, isolated=True, preamble=agent)
+    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg)

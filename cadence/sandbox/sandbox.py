@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
 import os
 import select
 import shutil
@@ -71,7 +72,8 @@ class LocalSandbox:
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         )
         try:
-            self.proc.stdin.write(spec.preamble)
+            cfg = marshal.dumps(spec.config, 4)
+            self.proc.stdin.write(spec.preamble + struct.pack(">I", len(cfg)) + cfg)
             self.proc.stdin.flush()
             hello = self._recv(time.monotonic() + START_TIMEOUT_S)
         except (SandboxDied, BrokenPipeError) as e:
@@ -146,8 +148,7 @@ class LocalSandbox:
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
         raw = data.encode() if isinstance(data, str) else data
-        return self._call({"op": "write", "path": path, "data": base64.b64encode(raw).decode(),
-                           "mode": mode}, 30.0)["path"]
+        return self._call({"op": "write", "path": path, "data": raw, "mode": mode}, 30.0)["path"]
 
     def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
         return base64.b64decode(self._call({"op": "read", "path": path, "max_bytes": max_bytes}, 30.0)["data"])
@@ -163,7 +164,7 @@ class LocalSandbox:
         with self._lock:
             if not self.alive:
                 raise SandboxDied(f"sandbox {self.id} is not running")
-            data = json.dumps(req).encode()
+            data = marshal.dumps(req, 4)  # the agent reads marshal; we read its JSON
             try:
                 self.proc.stdin.write(struct.pack(">I", len(data)) + data)
                 self.proc.stdin.flush()

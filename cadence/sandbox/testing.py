@@ -1,5 +1,5 @@
-"""Start a real sandbox service (uvicorn on 127.0.0.1, a free port) in a subprocess, for tests
-and benchmarks; it is always stopped."""
+"""Start a real sandbox service (uvicorn on 127.0.0.1, a free port) in a subprocess, for tests,
+benchmarks and scripts; it is always stopped."""
 
 from __future__ import annotations
 

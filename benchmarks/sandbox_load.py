@@ -1,0 +1,161 @@
+"""Sandbox service numbers: cold start, warm acquire, and a held exec load.
+
+    python benchmarks/sandbox_load.py            # 100 exec/s for 60 s (about 2 minutes in all)
+    python benchmarks/sandbox_load.py --quick    # smoke: 20 exec/s for 5 s
+
+Measures, on this machine:
+  cold start    LocalSandbox.start(): bwrap + Python up + agent ready to run code (sequential)
+  warm acquire  Pool.acquire() of a ready spare, in process; and POST /v1/sandboxes over HTTP
+  exec load     open-loop `rate` exec calls/s of a small Python snippet against one service
+                (`sandboxes` leased sandboxes, round-robin), latency per call, errors counted
+Prints a table, and writes the numbers to --out (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+
+import httpx
+
+from cadence.sandbox import Limits, LocalSandbox
+from cadence.sandbox.pool import Pool, PoolConfig
+from cadence.sandbox.testing import running_service
+
+SNIPPET = "print(sum(i * i for i in range(1000)))"
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def ms(xs: list[float]) -> dict:
+    return {"n": len(xs), "p50_ms": pct(xs, 50) * 1e3, "p90_ms": pct(xs, 90) * 1e3,
+            "p99_ms": pct(xs, 99) * 1e3, "max_ms": max(xs) * 1e3}
+
+
+def cold_starts(n: int) -> dict:
+    times = []
+    for _ in range(n):
+        sb = LocalSandbox(Limits())
+        t0 = time.perf_counter()
+        sb.start()
+        times.append(time.perf_counter() - t0)
+        assert sb.exec(code="print(1)").stdout == "1\n"
+        sb.stop()
+    return ms(times)
+
+
+def warm_acquires_in_process(n: int) -> dict:
+    times = []
+    with Pool(PoolConfig(warm=4, health_period_s=3600)) as pool:
+        for _ in range(n):
+            deadline = time.monotonic() + 30
+            while pool.counts()["ready"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            t0 = time.perf_counter()
+            info = pool.acquire()
+            times.append(time.perf_counter() - t0)
+            pool.release(info.id)
+    return ms(times)
+
+
+def warm_acquires_http(url: str, token: str, n: int) -> dict:
+    times = []
+    h = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(headers=h, timeout=30) as http:
+        for _ in range(n):
+            deadline = time.monotonic() + 30
+            while http.get(f"{url}/v1/health").json()["counts"]["ready"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            t0 = time.perf_counter()
+            sid = http.post(f"{url}/v1/sandboxes").json()["id"]
+            times.append(time.perf_counter() - t0)
+            http.delete(f"{url}/v1/sandboxes/{sid}")
+    return ms(times)
+
+
+async def exec_load(url: str, token: str, rate: float, seconds: float, sandboxes: int) -> dict:
+    h = {"Authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(headers=h, timeout=30, limits=limits) as http:
+        ids = [(await http.post(f"{url}/v1/sandboxes")).json()["id"] for _ in range(sandboxes)]
+        lat: list[float] = []
+        lag: list[float] = []
+        errors: list[str] = []
+
+        async def one(i: int, when: float) -> None:
+            now = time.perf_counter()
+            lag.append(now - when)
+            try:
+                r = await http.post(f"{url}/v1/sandboxes/{ids[i % len(ids)]}/exec", json={"code": SNIPPET})
+                body = r.json()
+                if r.status_code != 200 or body.get("stdout") != "332833500\n":
+                    errors.append(f"{r.status_code} {str(body)[:120]}")
+            except httpx.HTTPError as e:
+                errors.append(type(e).__name__)
+            lat.append(time.perf_counter() - now)
+
+        t0 = time.perf_counter()
+        tasks = []
+        total = int(rate * seconds)
+        for i in range(total):
+            when = t0 + i / rate
+            delay = when - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, when)))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+        for sid in ids:
+            await http.delete(f"{url}/v1/sandboxes/{sid}")
+    return {**ms(lat), "rate_target": rate, "rate_achieved": total / wall, "seconds": seconds,
+            "errors": len(errors), "first_errors": errors[:5], "client_lag_p99_ms": pct(lag, 99) * 1e3,
+            "sandboxes": sandboxes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke test: 20 exec/s for 5 s, fewer starts")
+    ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--sandboxes", type=int, default=8)
+    ap.add_argument("--starts", type=int, default=40)
+    ap.add_argument("--out", default=None, help="write the numbers here as JSON")
+    a = ap.parse_args()
+    if a.quick:
+        a.rate, a.seconds, a.starts = 20.0, 5.0, 8
+    res = {"cold_start": cold_starts(a.starts), "warm_acquire_pool": warm_acquires_in_process(a.starts)}
+    with tempfile.TemporaryDirectory() as tmp, running_service(tmp, "--warm", "2") as (url, token, _):
+        res["warm_acquire_http"] = warm_acquires_http(url, token, a.starts)
+        res["exec_load"] = asyncio.run(exec_load(url, token, a.rate, a.seconds, a.sandboxes))
+    res["machine"] = {"cpus": os.cpu_count(), "loadavg_after": os.getloadavg(), "python": sys.version.split()[0]}
+    load = res["exec_load"]
+    rows = [
+        ("cold start (sandbox ready to run Python)", res["cold_start"]),
+        ("warm acquire, in process (Pool.acquire)", res["warm_acquire_pool"]),
+        ("warm acquire, over HTTP (POST /v1/sandboxes)", res["warm_acquire_http"]),
+        (f"exec over HTTP at {load['rate_target']:g}/s for {load['seconds']:g} s", load),
+    ]
+    print("| what | n | p50 ms | p90 ms | p99 ms | max ms |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows:
+        print(f"| {name} | {r['n']} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |")
+    print(f"\nexec load: {load['rate_achieved']:.1f} calls/s achieved, {load['errors']} errors, "
+          f"{load['sandboxes']} sandboxes; load average after: {res['machine']['loadavg_after'][0]:.1f} "
+          f"on {res['machine']['cpus']} CPUs")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+    if load["errors"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
