@@ -109,14 +109,16 @@ def run_cell(
     torch.set_num_threads(1)
     run = train_run(overrides(algo, alpha, seed, setting, data))
     steps = [r for r in run.records if "reward/mean" in r]
-    curve = [[r["step"], r["eval/pass@1"]] for r in run.records if "eval/pass@1" in r]
+    # The harness keeps training steps only; step 0 of the curve is the evaluation before training.
+    before = run.summary.eval_before.pass_at_1
+    curve = [[0, before]] + [[r["step"], r["eval/pass@1"]] for r in run.records if "eval/pass@1" in r and r["step"] > 0]
     tail = steps[-max(1, len(steps) // 5):]
     return {
         "loss": loss,
         "alpha": alpha,
         "seed": seed,
         "curve": curve,  # [step, held-out pass@1], step 0 = before training
-        "before": run.summary.eval_before.pass_at_1,
+        "before": before,
         "after": run.summary.eval_after.pass_at_1,
         "best": max(p for _, p in curve),
         "staleness_mean": statistics.mean(r["train/staleness_mean"] for r in steps),
@@ -130,7 +132,8 @@ def run_cell(
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (loss, alpha): final pass@1 mean +- sd over seeds, the mean curve, staleness, time."""
     rows = []
-    for loss in dict.fromkeys(r["loss"] for r in runs):
+    order = [*LOSSES, *(r["loss"] for r in runs)]  # the grid's order; a loss added by hand goes last
+    for loss in sorted({r["loss"] for r in runs}, key=order.index):
         for alpha in sorted({r["alpha"] for r in runs}):
             mine = sorted((r for r in runs if r["loss"] == loss and r["alpha"] == alpha), key=lambda r: r["seed"])
             if not mine:
@@ -183,7 +186,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=SETTING["steps"])
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (1 torch thread each)")
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: docs/results/, not with --quick)")
+    ap.add_argument("--report", action="store_true", help="only rewrite the table and PNG from the results JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        from offpolicy_stability_report import write_report
+
+        result = json.loads(RESULTS.read_text())
+        result["summary"] = summarise(result["runs"])
+        write_report(result)
+        return result
     setting = dict(QUICK) if args.quick else {**SETTING, "steps": args.steps}
     seeds, alphas = ([0], [0, 2]) if args.quick else (args.seeds, args.alphas)
     data = DATA if args.out is None else args.out.parent / "offpolicy-carry"

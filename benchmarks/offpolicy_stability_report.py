@@ -51,7 +51,7 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path = PLOT) -> None:
-    """Held-out pass@1 against step, one panel per alpha, one line per loss (seed mean, min-max band)."""
+    """Held-out pass@1 against step, one panel per loss, one line per alpha (seed mean, min-max band)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,24 +60,29 @@ def plot(result: dict[str, Any], path: Path = PLOT) -> None:
     summary, runs = result["summary"], result["runs"]
     alphas = sorted({row["alpha"] for row in summary})
     losses = list(dict.fromkeys(row["loss"] for row in summary))
-    fig, axes = plt.subplots(1, len(alphas), figsize=(4.2 * len(alphas), 3.6), sharey=True, squeeze=False)
-    for ax, alpha in zip(axes[0], alphas, strict=True):
-        for k, loss in enumerate(losses):
+    cols = min(4, len(losses))
+    rows = -(-len(losses) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.9 * rows), sharex=True, sharey=True, squeeze=False)
+    for ax, loss in zip(axes.flat, losses, strict=False):
+        for k, alpha in enumerate(alphas):
             mine = [r for r in runs if r["loss"] == loss and r["alpha"] == alpha]
             if not mine:
                 continue
             steps = [s for s, _ in mine[0]["curve"]]
             values = [[r["curve"][i][1] for r in mine] for i in range(len(steps))]
-            color = f"C{k}"
-            ax.plot(steps, [statistics.mean(v) for v in values], color=color, label=loss, marker=".")
-            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.12)
-        ax.set_title(f"alpha = {alpha}")
-        ax.set_xlabel("training step")
+            ax.plot(steps, [statistics.mean(v) for v in values], color=f"C{k}", marker=".", label=f"alpha = {alpha}")
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=f"C{k}", alpha=0.15)
+        ax.set_title(loss, fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out pass@1 (carrying additions)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Off-policy stability: mean of seeds, band = min-max", fontsize=10)
+    for ax in axes.flat[len(losses):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("training step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out pass@1")
+    axes.flat[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Off-policy stability on carrying additions: mean of seeds, band = min-max", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
