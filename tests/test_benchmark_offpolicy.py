@@ -71,3 +71,13 @@ def test_quick_grid_has_every_cell(tmp_path):
         assert r["staleness_mean"] == 0.0 if r["alpha"] == 0 else 0.0 <= r["staleness_mean"] <= r["alpha"]
     assert len(result["summary"]) == len(cells)
     assert "| tis |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_answer_offsets_of_the_builtin_model_are_right_or_the_slip(bench, tmp_path):
+    answers = load_benchmark("offpolicy_stability_answers")
+    _, test = bench.write_carry_task(tmp_path)
+    builtin = Path(__file__).resolve().parents[1] / "cadence" / "assets" / "arith-tiny"
+    offsets = answers.answer_offsets(builtin, test)
+    assert sum(offsets.values()) == bench.TEST_PROBLEMS
+    # The warm-up's habit on carrying problems: the right sum, or the sum without the carry (10 less).
+    assert offsets[0] + offsets[-10] >= 0.95 * bench.TEST_PROBLEMS and offsets[-10] > offsets[0] > 0
