@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from cadence.sandbox.isolation import launch
 from cadence.sandbox.models import (
@@ -41,6 +42,12 @@ def _cmdline(pid: int) -> bytes:
     except OSError:
         return b""
 
+
+# bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, not
+# the process: a sandbox started from a web server's short-lived worker thread would be killed
+# when that thread is retired. So every sandbox is forked from this one thread, which lives as
+# long as the process.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
 
 GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
 START_TIMEOUT_S = 30.0
@@ -67,10 +74,10 @@ class LocalSandbox:
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
-        self.proc = subprocess.Popen(
-            spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+        self.proc = _SPAWNER.submit(
+            subprocess.Popen, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
-        )
+        ).result()
         try:
             cfg = marshal.dumps(spec.config, 4)
             self.proc.stdin.write(spec.preamble + struct.pack(">I", len(cfg)) + cfg)

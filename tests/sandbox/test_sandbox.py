@@ -116,3 +116,19 @@ def test_without_bwrap_refuses_unless_opted_in(monkeypatch):
         warnings.simplefilter("default")
         LocalSandbox(allow_unisolated=True).start().stop()
     assert any("WITHOUT isolation" in str(w.message) for w in caught)
+
+
+def test_sandbox_outlives_the_thread_that_started_it():
+    """--die-with-parent follows the forking *thread*; web servers retire worker threads."""
+    import threading
+    import time
+
+    boxes = []
+    t = threading.Thread(target=lambda: boxes.append(LocalSandbox().start()))
+    t.start()
+    t.join()
+    try:
+        time.sleep(0.3)
+        assert boxes[0].alive and boxes[0].exec("echo alive").stdout == "alive\n"
+    finally:
+        boxes[0].stop()
