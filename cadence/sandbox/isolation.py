@@ -14,7 +14,9 @@ Without root, the processes limit is added on top of what the user already runs.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
+import marshal
 import os
 import random
 import shutil
@@ -30,8 +32,11 @@ AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 # Reads exactly N bytes of agent source from fd 0 (no buffered reader: it could swallow the config
 # frame that follows) and runs it.
+# The agent comes compiled (a marshalled code object, when the sandbox's Python has the host's
+# bytecode magic: saves compiling it at every start) or as source.
 LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n    src += os.read(0, n - len(src))\n"
-          "exec(compile(src, 'cadence-sandbox-agent', 'exec'))")
+          "if sys.argv[2] == 'code':\n    import marshal\n    src = marshal.loads(src)\n"
+          "else:\n    src = compile(src, 'cadence-sandbox-agent', 'exec')\nexec(src)")
 WORKSPACE = "/workspace"
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
 
@@ -59,6 +64,7 @@ class Runtime:
     executable: str
     prefixes: tuple[str, ...]
     site_dirs: tuple[str, ...]
+    magic: str  # bytecode magic number (hex)
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,17 +72,19 @@ def python_runtime(python: str | None = None) -> Runtime:
     """The interpreter sandboxes run and the folders it needs (prefix, venv, site-packages)."""
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
         exe, prefixes, sites = sys.executable, {sys.prefix, sys.base_prefix}, site.getsitepackages()
+        magic = importlib.util.MAGIC_NUMBER.hex()
     else:
         exe = shutil.which(python) or python
-        probe = "import json,site,sys;print(json.dumps([sys.prefix,sys.base_prefix,site.getsitepackages()]))"
+        probe = ("import importlib.util,json,site,sys;print(json.dumps([sys.prefix,sys.base_prefix,"
+                 "site.getsitepackages(),importlib.util.MAGIC_NUMBER.hex()]))")
         try:
             out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30, check=True)
         except (OSError, subprocess.SubprocessError) as e:
             raise IsolationUnavailable(f"python={python}: cannot run it ({e}); give a working interpreter") from e
-        prefix, base, sites = json.loads(out.stdout)
+        prefix, base, sites, magic = json.loads(out.stdout)
         prefixes = {prefix, base}
     prefixes.add(os.path.dirname(os.path.dirname(os.path.realpath(exe))))
-    return Runtime(exe, tuple(sorted(prefixes)), tuple(s for s in sites if os.path.isdir(s)))
+    return Runtime(exe, tuple(sorted(prefixes)), tuple(s for s in sites if os.path.isdir(s)), magic)
 
 
 def _others_can_use(path: str) -> bool:
@@ -104,10 +112,14 @@ def sandbox_python(python: str | None, switching_uid: bool) -> Runtime:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def _agent_source() -> bytes:
+@functools.lru_cache(maxsize=2)
+def _agent_payload(magic: str) -> tuple[bytes, str]:
+    """The agent for a sandbox Python with this bytecode magic: compiled if it is ours."""
     with open(AGENT_SRC, "rb") as f:  # sent over stdin: no host path to bind or to reach
-        return f.read()
+        src = f.read()
+    if magic == importlib.util.MAGIC_NUMBER.hex():
+        return marshal.dumps(compile(src, "cadence-sandbox-agent", "exec")), "code"
+    return src, "source"
 
 
 def bwrap_path() -> str | None:
@@ -153,8 +165,8 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     uid = _host_uid()
     rt = sandbox_python(python, uid is not None)
     bwrap = bwrap_path()
-    agent = _agent_source()
-    loader = ["-I", "-S", "-c", LOADER, str(len(agent))]
+    agent, kind = _agent_payload(rt.magic)
+    loader = ["-I", "-S", "-c", LOADER, str(len(agent)), kind]
     if bwrap is None and not allow_unisolated:
         raise IsolationUnavailable(
             "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap), or pass "

@@ -132,3 +132,14 @@ def test_sandbox_outlives_the_thread_that_started_it():
         assert boxes[0].alive and boxes[0].exec("echo alive").stdout == "alive\n"
     finally:
         boxes[0].stop()
+
+
+def test_agent_from_source_when_bytecode_differs(monkeypatch):
+    """A sandbox Python of another version gets the agent as source (compiled code only fits
+    the host's bytecode magic)."""
+    with open(isolation.AGENT_SRC, "rb") as f:
+        src = f.read()
+    assert isolation._agent_payload("00000000") == (src, "source")
+    monkeypatch.setattr(isolation, "_agent_payload", lambda magic: (src, "source"))
+    with LocalSandbox() as sb:
+        assert sb.exec(code="print(6 * 7)").stdout == "42\n"
