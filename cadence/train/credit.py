@@ -51,8 +51,13 @@ class AttentionCredit:
         self.actor_attn.update_weights(state_dict, version)
 
     @torch.no_grad()
-    def gammas(self, batch: TrainBatch) -> tuple[list[Tensor], dict[str, float]]:
-        """Per-sample gamma vectors over response tokens, and credit metrics."""
+    def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
+        """Gammas [B, L-1] aligned with the batch's token tensors (1 outside responses), and
+        credit metrics over the tokens that are trained on.
+
+        The attention maps are read over the whole response, an episode's observation
+        tokens included (they are context the model attended to); the gammas then only
+        reach the model's own tokens, where `batch.mask` is 1."""
         start = time.perf_counter()
         # The batch is already right-padded prompt + response: hand it over as is.
         # response_start is in [L-1] (next-token) space; +1 is the input position.
@@ -66,7 +71,11 @@ class AttentionCredit:
             pad_id=self.pad_id,
         )
         self.last_seconds = time.perf_counter() - start
-        metrics = credit_metrics(gammas)
+        full = torch.ones_like(batch.mask)
+        for row, (g, first) in enumerate(zip(gammas, batch.response_start.tolist(), strict=True)):
+            full[row, first : first + g.numel()] = g.to(full.dtype)
+        gammas = full
+        metrics = credit_metrics(gammas, batch.mask)
         metrics["rhythm/attention_seconds"] = self.last_seconds
         return gammas, metrics
 
@@ -100,7 +109,7 @@ class RemoteCredit:
     def sync(self, policy: PreTrainedModel, version: int) -> None:
         self._call("sync_weights", {k: v.detach().cpu() for k, v in policy.state_dict().items()}, version)
 
-    def gammas(self, batch: TrainBatch) -> tuple[list[Tensor], dict[str, float]]:
+    def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
         gammas, metrics = self._call("gammas", batch)
         self.last_seconds = metrics["rhythm/attention_seconds"]
         return gammas, metrics

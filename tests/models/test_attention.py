@@ -196,9 +196,10 @@ def test_attention_credit_batched_equals_per_sample(
     refs = [
         actor6.token_credit(p, r, credit, cfg)[0] for p, r in zip(prompts, responses, strict=True)
     ]
-    assert [g.shape for g in gammas] == [g.shape for g in refs]
-    for g, ref in zip(gammas, refs, strict=True):
-        assert torch.allclose(g, ref, atol=1e-6, rtol=0)
+    assert gammas.shape == batch.mask.shape  # aligned with the batch's token tensors
+    assert torch.equal(gammas[batch.mask == 0], torch.ones_like(gammas[batch.mask == 0]))
+    for row, ref in enumerate(refs):
+        assert torch.allclose(gammas[row][batch.mask[row].bool()], ref, atol=1e-6, rtol=0)
     assert metrics["rhythm/attention_seconds"] > 0
     assert metrics["rhythm/amplified_frac"] > 0  # the comparison is not all ones
     adv = torch.randn(batch.mask.shape, generator=torch.Generator().manual_seed(1))
