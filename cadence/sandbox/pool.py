@@ -149,6 +149,8 @@ class Pool:
 
     def _through(self, sandbox_id: str, call):
         slot = self._get(sandbox_id)
+        if slot.state in ("starting", "unhealthy") and not slot.spare:
+            raise SandboxDied(f"sandbox {sandbox_id} is being replaced ({slot.last_reason}); retry shortly")
         if slot.state != "busy":
             raise SandboxError(f"sandbox {sandbox_id} is {slot.state}; acquire a sandbox first")
         box, generation = slot.box, slot.generation

@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.sandbox.conftest import needs_bwrap
 
-pytestmark = needs_bwrap
+ROOT = Path(__file__).resolve().parents[2]
 
 
+@needs_bwrap
 def test_quick_benchmark_runs(tmp_path):
     out = tmp_path / "load.json"
-    r = subprocess.run([sys.executable, "benchmarks/sandbox_load.py", "--quick", "--out", str(out)],
+    doc = tmp_path / "doc.md"
+    doc.write_text("# prose\n<!-- sandbox-load-table-start -->\nSTALE-TABLE\n<!-- sandbox-load-table-end -->\nmore prose\n")
+    r = subprocess.run([sys.executable, "benchmarks/sandbox_load.py", "--quick", "--out", str(out), "--doc", str(doc)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -21,3 +25,17 @@ def test_quick_benchmark_runs(tmp_path):
         assert res[key]["n"] > 0 and 0 < res[key]["p50_ms"] <= res[key]["p99_ms"] <= res[key]["max_ms"]
     assert res["exec_load"]["errors"] == 0 and res["exec_load"]["n"] == 100
     assert "| cold start (sandbox ready to run Python) |" in r.stdout
+    text = doc.read_text()
+    assert "STALE-TABLE" not in text and "| exec over HTTP, 20 calls/s for 5 s | 100 |" in text and text.endswith("more prose\n")
+
+
+def test_docs_table_is_the_results_file():
+    """docs/sandbox.md shows exactly the numbers in docs/results/sandbox_load.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import sandbox_load
+    finally:
+        sys.path.pop(0)
+    res = json.loads((ROOT / "docs/results/sandbox_load.json").read_text())
+    assert sandbox_load.render_table(res) in (ROOT / "docs/sandbox.md").read_text()
+    assert res["exec_load"]["n"] == 6000 and res["exec_load"]["errors"] == 0
