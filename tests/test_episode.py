@@ -46,16 +46,6 @@ class RecordingHub(InferenceHub):
         return out
 
 
-async def _serve(hub, coro):
-    stop = asyncio.Event()
-    server = asyncio.create_task(hub.serve(stop))
-    try:
-        return await coro
-    finally:
-        stop.set()
-        await server
-
-
 def _setup(env_cls):
     tok = load_tokenizer("builtin")
     hub = RecordingHub([EmbeddedEngine(load_policy("builtin").eval(), tok, seed=0)])
@@ -66,7 +56,7 @@ def _setup(env_cls):
 def test_the_trained_sequence_is_the_last_turns_context_plus_its_output_id_for_id():
     tok, hub, runner = _setup(Echo)
     params = SamplingParams(max_new_tokens=5, temperature=1.0)
-    episode = asyncio.run(_serve(hub, run_episode(hub, runner, tok, params, seed=7, episode_id="e0")))
+    episode = asyncio.run(hub.serving(run_episode(hub, runner, tok, params, seed=7, episode_id="e0")))
     assert episode.ok and episode.turns == 3 and episode.rewards == [0.0, 0.0, 1.0]
     sample = episode.sample
     last_req, last_out = hub.seen[-1]
@@ -101,7 +91,7 @@ def test_a_raising_environment_costs_its_episode_only():
             run_episode(hub, good, tok, params, seed=2, episode_id="good"),
         )
 
-    bad, good = asyncio.run(_serve(hub, both()))
+    bad, good = asyncio.run(hub.serving(both()))
     assert not bad.ok and bad.failure.kind == "raised" and "broke" in bad.failure.message
     assert good.ok and good.turns == 3
 
@@ -111,7 +101,7 @@ def test_the_context_budget_truncates_an_episode():
     params = SamplingParams(max_new_tokens=5)
     first = len(tok("start 3\n").input_ids)
     budget = first + 5 + len(tok("\nturn 1\n", add_special_tokens=False).input_ids) + 4  # room for 1 turn
-    episode = asyncio.run(_serve(hub, run_episode(hub, runner, tok, params, 3, "e", max_context_tokens=budget)))
+    episode = asyncio.run(hub.serving(run_episode(hub, runner, tok, params, 3, "e", max_context_tokens=budget)))
     assert episode.ok and episode.truncated and episode.turns == 1
     assert episode.sample.finish_reason == "length"
     assert len(episode.sample.prompt_ids) + len(episode.sample.response_ids) <= budget

@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from torch import Tensor
 
 from cadence.inference.types import GenRequest, GenResult, InferenceEngine
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -194,6 +197,16 @@ class InferenceHub:
                 working.cancel()
         finally:
             self._work = self._work_loop = None
+
+    async def serving(self, coro: Awaitable[T]) -> T:
+        """Await `coro` while this hub serves (for callers with no serve() of their own)."""
+        stop = asyncio.Event()
+        server = asyncio.create_task(self.serve(stop))
+        try:
+            return await coro
+        finally:
+            stop.set()
+            await server
 
     # -- internals ------------------------------------------------------------
     def _queued(self) -> bool:

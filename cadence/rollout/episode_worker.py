@@ -182,7 +182,7 @@ class EpisodeWorker:
         if self._loop is not None and self._thread is not None:
             returns = asyncio.run_coroutine_threadsafe(play(), self._loop).result()
         else:
-            returns = asyncio.run(self._serving(play()))
+            returns = asyncio.run(self.hub.serving(play()))
         correct = [sum(r >= 1.0 for r in returns[i * samples : (i + 1) * samples]) for i in range(len(seeds))]
         return EvalResult(
             pass_at_1=sum(pass_at_k(samples, c, 1) for c in correct) / len(seeds),
@@ -202,15 +202,6 @@ class EpisodeWorker:
         finally:
             await runner.close()
         return sum(episode.rewards) if episode.ok else 0.0
-
-    async def _serving(self, coro):
-        stop = asyncio.Event()
-        server = asyncio.create_task(self.hub.serve(stop))
-        try:
-            return await coro
-        finally:
-            stop.set()
-            await server
 
     def _swap_weights_if_idle(self) -> None:
         if self._thread is None:

@@ -22,17 +22,6 @@ def req(i: int, max_new_tokens: int = 64, prompt=(1, 2, 3)) -> GenRequest:
     return GenRequest(f"r{i}", list(prompt), SamplingParams(max_new_tokens=max_new_tokens))
 
 
-async def drive(hub: InferenceHub, coro):
-    """Run `coro` while the hub serves; stop serving when it returns."""
-    stop = asyncio.Event()
-    server = asyncio.create_task(hub.serve(stop))
-    try:
-        return await coro
-    finally:
-        stop.set()
-        await server
-
-
 def test_concurrent_callers_share_one_continuous_batch():
     engine = mock(length_dist="fixed", median_tokens=10)
     hub = InferenceHub([engine])
@@ -44,7 +33,7 @@ def test_concurrent_callers_share_one_continuous_batch():
     async def main():
         return await asyncio.gather(*(caller(i) for i in range(40)))
 
-    results = asyncio.run(drive(hub, main()))
+    results = asyncio.run(hub.serving(main()))
     assert [r.request_id for r in results] == [f"r{i}" for i in range(40)]
     assert all(len(r.token_ids) == 10 and r.finish_reason == "stop" for r in results)
     # 40 requests x 10 tokens in far fewer than 400 steps: they decoded side by side.
@@ -125,7 +114,7 @@ def test_parallel_replicas_step_in_threads():
     async def main():
         return await asyncio.gather(*(hub.generate(req(i)) for i in range(16)))
 
-    results = asyncio.run(drive(hub, main()))
+    results = asyncio.run(hub.serving(main()))
     assert len(results) == 16 and all(len(r.token_ids) == 5 for r in results)
     assert all(e.stats()["requests_finished"] == 8 for e in engines)
 
@@ -140,7 +129,7 @@ def test_serve_sleeps_while_idle_and_wakes_for_a_late_request():
         second = await hub.generate(req(1))
         return first, second
 
-    first, second = asyncio.run(drive(hub, main()))
+    first, second = asyncio.run(hub.serving(main()))
     assert len(first.token_ids) == len(second.token_ids) == 3
 
 
@@ -155,7 +144,7 @@ def test_hub_results_equal_the_engines_own(tiny_llama_dir, temperature):
 
     async def main():
         futures = [hub.submit(r) for r in reqs]  # all in one round, like generate()
-        return await drive(hub, asyncio.gather(*futures))
+        return await hub.serving(asyncio.gather(*futures))
 
     via_hub = asyncio.run(main())
     assert [r.token_ids for r in via_hub] == [r.token_ids for r in direct]
