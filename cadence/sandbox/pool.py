@@ -101,7 +101,7 @@ class Pool:
         """A ready sandbox: a warm spare when the limits are the pool's, else a cold start."""
         if limits is None or limits == self.cfg.limits:
             with self._lock:
-                spare = next((s for s in self._slots.values() if s.state == "ready"), None)
+                spare = next((s for s in self._slots.values() if s.state == "ready" and s.box.alive), None)
                 if spare is not None:
                     if self._leases() >= self.cfg.max_size:
                         raise PoolFull(self._full_msg())
@@ -191,6 +191,9 @@ class Pool:
                 continue
             problem = self._probe(box)
             if problem and slot.in_call == 0 and slot.generation == generation:
+                with self._lock:
+                    if slot.state in ("ready", "busy"):
+                        slot.state = "unhealthy"  # an acquire no longer takes it
                 self._set(slot, "unhealthy", problem)
                 self._replace(slot, generation, problem)
 
@@ -227,12 +230,13 @@ class Pool:
                 return  # someone already replaced (or released) it
             slot.generation += 1
             slot.replacements += 1
-            old, was = slot.box, slot.state
+            old, spare = slot.box, slot.spare
+            if spare:  # dropped in the same step, so no acquire can take it on the way out
+                self._slots.pop(slot.id, None)
+            slot.state = "dead"
         self._set(slot, "dead", reason, generation=generation)
         old.stop()
-        if was == "ready":  # a spare: drop it, the filler starts another
-            with self._lock:
-                self._slots.pop(slot.id, None)
+        if spare:  # the filler starts another spare
             self._starter.submit(self._fill)
             return
         self._set(slot, "starting", f"replacement for generation {generation}: {reason}")

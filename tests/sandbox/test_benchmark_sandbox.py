@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.sandbox.conftest import needs_bwrap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,3 +41,19 @@ def test_docs_table_is_the_results_file():
     res = json.loads((ROOT / "docs/results/sandbox_load.json").read_text())
     assert sandbox_load.render_table(res) in (ROOT / "docs/sandbox.md").read_text()
     assert res["exec_load"]["n"] == 6000 and res["exec_load"]["errors"] == 0
+
+
+@needs_bwrap
+@pytest.mark.slow  # about 30 s: 40 episodes under kills, hangs, slowdowns and a service restart
+def test_quick_fault_injection_loses_no_episode(tmp_path):
+    out = tmp_path / "faults.json"
+    r = subprocess.run([sys.executable, "benchmarks/sandbox_faults.py", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["completed"] == res["episodes"] == 40 and res["lost"] == 0
+    assert res["faults_injected"]["service restart"] == 1 and res["faults_injected"].get("kill", 0) > 0
+    causes = res["deaths_in_event_log_by_cause"]
+    assert causes.get("service restarted", 0) > 0
+    assert causes.get("process exited", 0) + causes.get("died during a call", 0) > 0
+    assert res["leftover_leases"] == []
