@@ -201,9 +201,11 @@ class Pool:
         """None if healthy, else why not (hung: no answer in time; failing: wrong answer)."""
         t0 = time.monotonic()
         try:
-            r = box.exec(ExecRequest(code=PROBE_CODE, timeout_s=self.cfg.probe_timeout_s))
+            r = box.exec(ExecRequest(code=PROBE_CODE, timeout_s=self.cfg.probe_timeout_s), grace_s=0.5)
         except SandboxDied as e:
-            return f"hung: no answer to the probe within {self.cfg.probe_timeout_s:g} s ({e})"
+            if "agent exited" in str(e):
+                return "dead: process exited during the probe"
+            return f"hung: no answer to the probe within {self.cfg.probe_timeout_s + 0.5:g} s"
         except SandboxError as e:
             return f"failing: probe error {e}"
         took = time.monotonic() - t0

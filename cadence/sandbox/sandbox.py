@@ -138,9 +138,10 @@ class LocalSandbox:
 
     # -- calls ---------------------------------------------------------------------------------
     def exec(self, request: ExecRequest | str | list[str] | None = None, *, code: str | None = None,
-             **kw: object) -> ExecResult:
+             grace_s: float = GRACE_S, **kw: object) -> ExecResult:
         """`exec("ls -l")`, `exec(["python3", "-c", "..."])`, `exec(code="print(1)")`, or an
-        ExecRequest; keyword arguments are ExecRequest fields."""
+        ExecRequest; keyword arguments are ExecRequest fields. An agent that has not answered
+        `grace_s` after the call's own wall clock counts as hung: the sandbox is killed."""
         if not isinstance(request, ExecRequest):
             request = ExecRequest(cmd=request, code=code, **kw)
         if (request.cmd is None) == (request.code is None):
@@ -150,7 +151,7 @@ class LocalSandbox:
             "op": "exec", "cmd": request.cmd, "code": request.code, "stdin": request.stdin,
             "session": request.session, "env": request.env, "timeout": timeout,
             "cpu_s": min(self.limits.cpu_s, timeout + 1),
-        }, timeout)
+        }, timeout, grace=grace_s)
         return ExecResult(**resp)
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:

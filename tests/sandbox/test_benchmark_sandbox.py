@@ -41,6 +41,11 @@ def test_docs_table_is_the_results_file():
     res = json.loads((ROOT / "docs/results/sandbox_load.json").read_text())
     assert sandbox_load.render_table(res) in (ROOT / "docs/sandbox.md").read_text()
     assert res["exec_load"]["n"] == 6000 and res["exec_load"]["errors"] == 0
+    faults = json.loads((ROOT / "docs/results/sandbox_faults.json").read_text())
+    doc = " ".join((ROOT / "docs/sandbox.md").read_text().split())
+    assert faults["lost"] == 0 and faults["completed"] == faults["episodes"] == 200
+    assert f"{faults['completed']}/{faults['episodes']} episodes completed, **0 lost**, {faults['retried_episodes_attempts']} retries" in doc
+    assert f"{faults['faults_injected']['kill']} kills" in doc
 
 
 @needs_bwrap
