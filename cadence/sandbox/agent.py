@@ -406,7 +406,7 @@ def do_exec(req: dict) -> dict:
         else:
             code = res["done"]["exit_code"]
             limit = "memory" if code == 137 else None
-        extra = {"session_started": fresh}
+        extra = {"session_started": fresh, "session_lost": SESSION is None}
     else:
         pid, in_w, out_r, err_r = spawn(req)
         res = collect(pid, in_w, stdin, out_r, err_r, deadline)

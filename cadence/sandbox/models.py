@@ -43,7 +43,8 @@ class ExecResult(BaseModel):
     duration_s: float
     limit: Literal["wall", "cpu", "memory", "file_size"] | None = None
     output_truncated: bool = False
-    session_started: bool = False
+    session_started: bool = False  # this call started a new session (the old one's globals are gone)
+    session_lost: bool = False  # the session died or was killed during this call
 
     @property
     def ok(self) -> bool:

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from cadence.sandbox.events import Event
+from cadence.sandbox.hosted_env import EnvHost, add_env_routes
 from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool, PoolConfig, PoolFull, SandboxInfo, UnknownSandbox
 
@@ -130,6 +131,7 @@ def create_app(pool: Pool, token: str) -> FastAPI:
     def events(sandbox_id: str | None = None, since_id: int = 0, limit: int = 1000) -> list[Event]:
         return pool.events.query(sandbox_id, since_id, min(limit, 10000))
 
+    add_env_routes(app, EnvHost(pool))  # /v1/envs: hosted environments (hosted_env.py)
     return app
 
 

@@ -67,7 +67,11 @@ def test_wall_clock_limit_kills_and_sandbox_survives(box):
 
 def test_session_timeout_resets_session(box):
     box.exec(code="x = 1", session=True)
-    assert box.exec(code="while True: pass", session=True, timeout_s=0.5).limit == "wall"
+    r = box.exec(code="while True: pass", session=True, timeout_s=0.5)
+    assert r.limit == "wall" and r.session_lost
+    assert not box.exec(code="x = 2", session=True).session_lost
+    r = box.exec(code="import os; os._exit(3)", session=True)
+    assert r.session_lost and r.exit_code == 3
     r = box.exec(code="print('x' in globals())", session=True)
     assert r.session_started and r.stdout == "False\n"
 
