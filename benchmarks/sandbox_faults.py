@@ -1,6 +1,6 @@
 """Fault injection: sandbox-using episodes while sandboxes are killed, hung, slowed, and the
-service is restarted once. Every episode must complete or be retried; none may be lost, and the
-event log must show every replacement with its cause.
+service is crashed (kill -9) and restarted once. Every episode must complete or be retried;
+none may be lost, and the event log must show every replacement with its cause.
 
     python benchmarks/sandbox_faults.py             # 200 episodes
     python benchmarks/sandbox_faults.py --quick     # 40 episodes
@@ -137,7 +137,9 @@ def main() -> None:
                 time.sleep(0.25)
                 done = sum(f.done() for f in futs)
                 if not restarted and done >= a.episodes // 2:
-                    stack.close()  # stop the service (its sandboxes die with it) ...
+                    os.kill(proc.pid, signal.SIGKILL)  # crash the service (its sandboxes die with it)
+                    proc.wait()
+                    stack.close()
                     url2, _, proc = stack.enter_context(running_service(tmp, *args, port=port, token=TOKEN))
                     assert url2 == url
                     restarted, faults["service restart"] = True, 1

@@ -319,6 +319,8 @@ class Pool:
         return slot
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._starter.shutdown(wait=True, cancel_futures=True)
         self._health.join(timeout=self.cfg.probe_timeout_s + 10)

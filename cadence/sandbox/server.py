@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hmac
 import os
 import secrets
@@ -62,8 +63,14 @@ class Status(BaseModel):
     config: PoolConfig
 
 
-def create_app(pool: Pool, token: str) -> FastAPI:
-    app = FastAPI(title="cadence sandbox service", version="1")
+def create_app(pool: Pool, token: str, close_pool_at_shutdown: bool = False) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if close_pool_at_shutdown:  # uvicorn re-raises SIGTERM after shutdown: close here
+            pool.close()
+
+    app = FastAPI(title="cadence sandbox service", version="1", lifespan=lifespan)
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):
@@ -156,9 +163,10 @@ def serve(cfg: PoolConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     try:
         print(f"cadence sandbox service on http://{host}:{port} (token in {token_file}, events in "
               f"{cfg.events_path})", file=sys.stderr, flush=True)
-        uvicorn.run(create_app(pool, token), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(pool, token, close_pool_at_shutdown=True), host=host, port=port,
+                    log_level="warning")
     finally:
-        pool.close()
+        pool.close()  # (a no-op when the shutdown already closed it)
 
 
 def main(argv: list[str] | None = None) -> None:
