@@ -247,10 +247,11 @@ def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
     resumed = _mock_worker(alpha)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
-    cursor = resumed.stream.cursor
-    # Nothing survived the restart, so it starts the groups of versions 3 .. 3 + alpha at once.
-    _settle(resumed, most=cursor + (alpha + 1) * resumed.quota)
-    assert resumed.stream.cursor == cursor + (alpha + 1) * resumed.quota
+    # Nothing survived the restart, so it starts the groups of versions 3 .. 3 + alpha at once
+    # (the stream passes over positions trained before the checkpoint, so count the groups).
+    while resumed._tick():
+        assert len(resumed.rollout.positions) <= (alpha + 1) * resumed.quota
+    assert len(resumed.rollout.positions) == (alpha + 1) * resumed.quota
     staleness = []
     for version in (3, 4):
         staleness += [version - g.version for g in resumed.get_batch(version)]
@@ -287,3 +288,24 @@ def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alp
         assert group.workers[0].background is (alpha > 0)
     finally:
         group.close()
+
+
+def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_finished_in():
+    """With alpha > 0 a later group may finish first; the checkpoint records which stream
+    positions were trained on, so the resumed run neither repeats nor skips a prompt."""
+    alpha = 1
+    _mock_worker(alpha)  # the second worker made in a process draws the lengths that reorder groups
+    whole = _mock_worker(alpha, quota=2)
+    first = [p for step in _train(whole, range(3)) for p in step]
+    state = whole.state_dict()
+    assert state["prompts"]["skip"] or whole.trained_below == 6, "no group finished out of order"
+    resumed = _mock_worker(alpha, quota=2)
+    resumed.update_weights({}, 3)
+    resumed.load_state_dict(state, 3)
+    second = [p for step in _train(resumed, range(3, 6)) for p in step]  # within one epoch
+    trained = first + second
+    assert len(set(trained)) == len(trained)  # nothing twice
+    # Nothing skipped: every stream position below the final watermark was trained on.
+    owed = {resumed.stream.prompts[resumed.stream._order_for(0)[i]].id for i in range(resumed.trained_below)}
+    assert owed <= set(trained)
+    assert resumed.trained_below >= 8

@@ -82,6 +82,7 @@ class RLVRRollout:
         self._in_engine = 0  # requests submitted and not finished yet
         self._encoded: dict[str, list[int]] = {}
         self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
+        self.positions: dict[int, int] = {}  # group id -> its prompt's stream position (resume)
         self._loop = asyncio.new_event_loop()  # the hub's futures live here; driven by poll()
         self._finished: list[GenResult] = []  # results in the order the hub resolved them
 
@@ -100,6 +101,7 @@ class RLVRRollout:
     def admit(self, num_groups: int) -> None:
         """Queue `num_groups` new prompts, `answers` one-answer requests each."""
         for _ in range(num_groups):
+            self.positions[self._next_group_id] = self.prompts.peek_position()
             prompt = self.prompts.next()
             group = Group(group_id=self._next_group_id, prompt_id=prompt.id)
             self.pending[group.group_id] = (prompt, group)

@@ -106,8 +106,12 @@ class RolloutWorker:
         self.version = 0
         self.swaps = 0  # weight pushes applied: the admission clock (one per trainer step)
         self.started_groups = 0  # groups admitted since the run began (all versions)
-        self.handed_out = 0  # groups given to the trainer: their prompts count as consumed
-        self.cursor_base = 0
+        self.handed_out = 0  # groups given to the trainer
+        # Stream positions of prompts trained on: all below `trained_below`, plus these above it.
+        # Groups finish out of order (and some are filtered or dropped), so a cursor alone
+        # cannot say which prompts a resumed run still owes the trainer.
+        self.trained_below = 0
+        self.trained_above: set[int] = set()
         self.stats = RolloutStats()
         self.interrupt = ro.interrupt_on_update
         self._lock = threading.Lock()  # the engine: one user at a time
@@ -195,6 +199,7 @@ class RolloutWorker:
             try:
                 batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0 if not self.background else 0.05)
                 self.handed_out += len(batch)
+                self._mark_trained(batch)
                 return batch
             except TimeoutError:
                 if time.perf_counter() > deadline:
@@ -240,15 +245,23 @@ class RolloutWorker:
         stats = self.reward.stats()
         return {k: stats[k] for k in ("calls", "errors", "timeouts", "first_failures")}
 
-    def state_dict(self) -> dict:
-        """Where to resume: after the prompts of groups already handed out (or dropped).
+    def _mark_trained(self, groups: list[Group]) -> None:
+        with self._lock:  # positions are written by the generation thread at admission
+            positions = [self.rollout.positions.pop(g.group_id) for g in groups]
+        self.trained_above.update(positions)
+        while self.trained_below in self.trained_above:
+            self.trained_above.discard(self.trained_below)
+            self.trained_below += 1
 
-        Groups still in flight or waiting in the buffer were never trained on, so a
-        resumed run generates them again instead of skipping their prompts.
+    def state_dict(self) -> dict:
+        """Where to resume: every prompt not trained on yet is owed, in stream order.
+
+        Groups still in flight, waiting in the buffer, filtered or dropped as stale were
+        never trained on, so a resumed run generates them again; prompts trained on are
+        never generated twice, in whatever order their groups finished.
         """
-        consumed = self.cursor_base + self.handed_out + self.buffer.dropped_groups
         state = {
-            "prompts": {"cursor": consumed},
+            "prompts": {"cursor": self.trained_below, "skip": sorted(self.trained_above)},
             "next_group_id": self.rollout._next_group_id,
             "swaps": self.swaps,
         }
@@ -261,7 +274,7 @@ class RolloutWorker:
     def load_state_dict(self, state: dict, version: int) -> None:
         """Resume at trainer `version` with nothing in flight."""
         self.stream.load_state_dict(state["prompts"])
-        self.cursor_base = self.stream.cursor
+        self.trained_below, self.trained_above = self.stream.cursor, set(self.stream.skip)
         if "engine" in state:  # absent from checkpoints written before it was saved
             with self._lock:
                 self.engine.load_sampling_state(state["engine"])
