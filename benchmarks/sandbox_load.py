@@ -151,16 +151,19 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.rate, a.seconds, a.starts = 20.0, 5.0, 8
+    load_before = os.getloadavg()
     res = {"cold_start": cold_starts(a.starts), "warm_acquire_pool": warm_acquires_in_process(a.starts)}
     with tempfile.TemporaryDirectory() as tmp, running_service(tmp, "--warm", "2") as (url, token, _):
         res["warm_acquire_http"] = warm_acquires_http(url, token, a.starts)
         res["exec_load"] = asyncio.run(exec_load(url, token, a.rate, a.seconds, a.sandboxes))
-    res["machine"] = {"cpus": os.cpu_count(), "loadavg_after": os.getloadavg(), "python": sys.version.split()[0]}
+    res["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                      "python": sys.version.split()[0]}
     load = res["exec_load"]
     table = render_table(res)
     print(table)
     print(f"\nexec load: {load['rate_achieved']:.1f} calls/s achieved, {load['errors']} errors, "
-          f"{load['sandboxes']} sandboxes; load average after: {res['machine']['loadavg_after'][0]:.1f} "
+          f"{load['sandboxes']} sandboxes; load average {load_before[0]:.1f} before, "
+          f"{res['machine']['loadavg_after'][0]:.1f} after "
           f"on {res['machine']['cpus']} CPUs")
     if a.out:
         with open(a.out, "w") as f:

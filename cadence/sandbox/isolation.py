@@ -31,10 +31,11 @@ from cadence.sandbox.models import IsolationUnavailable, Limits
 AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 # Reads exactly N bytes of agent source from fd 0 (no buffered reader: it could swallow the config
-# frame that follows) and runs it.
+# frame that follows) and runs it; exits if the host is gone first (an EOF must not spin).
 # The agent comes compiled (a marshalled code object, when the sandbox's Python has the host's
 # bytecode magic: saves compiling it at every start) or as source.
-LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n    src += os.read(0, n - len(src))\n"
+LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n    chunk = os.read(0, n - len(src))\n"
+          "    if not chunk:\n        sys.exit(1)  # the host went away before sending it\n    src += chunk\n"
           "if sys.argv[2] == 'code':\n    import marshal\n    src = marshal.loads(src)\n"
           "else:\n    src = compile(src, 'cadence-sandbox-agent', 'exec')\nexec(src)")
 WORKSPACE = "/workspace"

@@ -147,3 +147,21 @@ def test_agent_from_source_when_bytecode_differs(monkeypatch):
     monkeypatch.setattr(isolation, "_agent_payload", lambda magic: (src, "source"))
     with LocalSandbox() as sb:
         assert sb.exec(code="print(6 * 7)").stdout == "42\n"
+
+
+def test_agent_exits_when_its_host_goes_away_during_start():
+    """If the service dies between starting bwrap and sending the agent, the sandbox ends
+    (it once spun forever on the EOF, orphaned, at full CPU)."""
+    import subprocess
+
+    spec = isolation.launch(Limits())
+    kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
+    proc = subprocess.Popen(spec.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, **kw)
+    proc.stdin.write(spec.preamble[:100])  # part of the agent, then the host "dies"
+    proc.stdin.close()
+    try:
+        assert proc.wait(timeout=60) != 0
+    finally:
+        proc.kill()
+        proc.wait()
