@@ -104,6 +104,26 @@ def agents_of(root_pid: int) -> list[int]:
     return out
 
 
+def orphan_sandboxes(wait_s: float = 10.0) -> list[int]:
+    """bwrap processes left behind by a dead service (reparented to init), after `wait_s` for
+    the ones still ending: there must be none."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and _is_bwrap(int(name)):
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    if fields[1] == "1" and fields[0] != "Z":
+                        found.append(int(name))
+                except (OSError, IndexError):
+                    continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def _is_bwrap(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -164,6 +184,7 @@ def main() -> None:
         events = httpx.get(f"{url}/v1/events", params={"limit": 100000}, headers=h, timeout=30).json()
         status = httpx.get(f"{url}/v1/status", headers=h, timeout=30).json()
         leftover = [(s["id"], s["state"], s["last_reason"]) for s in status["sandboxes"] if s["state"] != "ready"]
+    orphans = orphan_sandboxes()
     causes: collections.Counter = collections.Counter()
     for e in events:
         if e["state"] == "dead" and not e["reason"].startswith(("released", "pool closing")):
@@ -172,12 +193,13 @@ def main() -> None:
            "lost": stats["lost"], "failures": {k: v for k, v in stats.items() if k.startswith("failure")},
            "faults_injected": dict(faults), "deaths_in_event_log_by_cause": dict(causes),
            "events": len(events), "status_counts_after": status["counts"], "leftover_leases": leftover,
+           "orphan_sandboxes_after": orphans,
            "wall_s": wall}
     print(json.dumps(res, indent=2))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=2)
-    sys.exit(0 if res["lost"] == 0 and res["completed"] == a.episodes else 1)
+    sys.exit(0 if res["lost"] == 0 and res["completed"] == a.episodes and not orphans else 1)
 
 
 if __name__ == "__main__":

@@ -61,4 +61,4 @@ def test_quick_fault_injection_loses_no_episode(tmp_path):
     causes = res["deaths_in_event_log_by_cause"]
     assert causes.get("service restarted", 0) > 0
     assert causes.get("process exited", 0) + causes.get("died during a call", 0) > 0
-    assert res["leftover_leases"] == []
+    assert res["leftover_leases"] == [] and res["orphan_sandboxes_after"] == []
