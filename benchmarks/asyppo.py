@@ -76,7 +76,8 @@ def run_one(method: str, seed: int, steps: int, run_dir: str, extra: list[str]) 
     summary = train(cfg)
     cpu_seconds = time.process_time() - cpu_start  # all threads of this process; not load-sensitive
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    records = read_jsonl(Path(summary.run_dir) / "metrics.jsonl")
+    # Training steps only: the held-out evaluation before training is a step-0 record of its own.
+    records = [r for r in read_jsonl(Path(summary.run_dir) / "metrics.jsonl") if "time/step" in r]
 
     def mean(key: str) -> float | None:
         values = [r[key] for r in records if key in r]
