@@ -102,4 +102,11 @@ class SubprocessExecutor:
             return ExecResult(stdout, _BOOTSTRAP_FRAME.sub("", stderr), exit_code, timed_out)
 
 
-EXECUTORS: dict[str, Callable[..., Executor]] = {"subprocess": SubprocessExecutor}
+def _sandbox_executor(**kwargs: object) -> Executor:
+    """bubblewrap-isolated execution (cadence/sandbox), imported only when asked for."""
+    from cadence.sandbox.executor import SandboxExecutor
+
+    return SandboxExecutor(**kwargs)
+
+
+EXECUTORS: dict[str, Callable[..., Executor]] = {"subprocess": SubprocessExecutor, "sandbox": _sandbox_executor}

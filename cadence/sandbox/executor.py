@@ -4,15 +4,15 @@
 snippet as a fresh fork of the sandbox's Python (its own globals; files in /workspace persist
 for the executor's lifetime), in one bubblewrap sandbox per executor started on first use, or on
 a sandbox service when given `url`. A sandbox that dies is replaced and the snippet run once
-more (a snippet has no state to lose). Importing this module registers it as the `sandbox`
-backend: `CodeEnv(backend="sandbox")`.
+more (a snippet has no state to lose). It is the `sandbox` backend of the code environment:
+`CodeEnv(backend="sandbox")`, or `env.kwargs.backend=sandbox` in a config.
 """
 
 from __future__ import annotations
 
 import weakref
 
-from cadence.envs.executor import EXECUTORS, ExecResult
+from cadence.envs.executor import ExecResult
 from cadence.sandbox.models import Limits, SandboxDied
 from cadence.sandbox.sandbox import LocalSandbox
 
@@ -55,5 +55,3 @@ class SandboxExecutor:
             self._finalizer()
         self._box = self._finalizer = None
 
-
-EXECUTORS["sandbox"] = SandboxExecutor

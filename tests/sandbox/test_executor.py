@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from cadence.envs.code_env import CodeEnv
-from cadence.envs.executor import EXECUTORS
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.executor import SandboxExecutor
 from cadence.sandbox.testing import running_service
@@ -34,8 +33,8 @@ def test_executor_runs_isolated_and_maps_results():
 
 
 def test_code_env_on_the_sandbox_backend():
-    assert EXECUTORS["sandbox"] is SandboxExecutor
-    env = CodeEnv(backend="sandbox", timeout_s=5.0)
+    env = CodeEnv(backend="sandbox", timeout_s=5.0)  # by name: no import of cadence.sandbox needed
+    assert isinstance(env.executor, SandboxExecutor)
     try:
         env.reset(seed=3)
         obs, reward, terminated, _, info = env.step("```python\nprint(2 ** 10)\n```")
