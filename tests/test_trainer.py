@@ -136,3 +136,16 @@ def test_old_logprobs_pass_only_for_repeated_updates():
     model.train()
     lp = response_token_logprobs(model, stale)
     assert torch.allclose(old * stale.mask, lp * stale.mask, atol=1e-6)
+
+
+def test_staleness_counts_versions_behind_the_trainer():
+    """Samples started at version 1 and trained at version 3 are 2 versions stale."""
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    trainer = trainer_for(model)
+    trainer.version = 3
+    groups = make_groups(version=1)
+    groups[0].samples[0].version = 0  # one sample is older still
+    metrics = trainer.step(groups)
+    assert metrics["train/staleness_max"] == 3
+    assert metrics["train/staleness_mean"] == pytest.approx((3 + 2 + 2 + 2) / 4)
+    assert trainer.version == 4
