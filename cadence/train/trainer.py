@@ -25,7 +25,8 @@ from cadence.algo.aggregation import batch_denominators
 from cadence.algo.asyppo import aggregate_values, uncertainty_masks
 from cadence.algo.config import AlgorithmConfig
 from cadence.algo.kl import shape_token_rewards
-from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.losses import PolicyLossInputs
+from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm import shape_advantages
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy

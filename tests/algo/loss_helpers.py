@@ -7,7 +7,8 @@ import math
 import torch
 
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.losses import PolicyLossInputs
+from cadence.algo.policy_loss import compute_policy_loss
 
 DT = torch.float64
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from cadence.algo import losses
 from cadence.algo.aggregation import batch_denominators
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.losses import PolicyLossInputs
+from cadence.algo.policy_loss import compute_policy_loss
 from tests.algo.loss_helpers import DT
 
 # ----------------------------------------------------------------------------- micro-batching

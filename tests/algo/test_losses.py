@@ -14,7 +14,8 @@ import torch
 
 from cadence.algo import losses
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.losses import PolicyLossInputs
+from cadence.algo.policy_loss import compute_policy_loss
 from tests.algo.loss_helpers import DT, T, inputs_from_ratios, loss_and_grad
 
 # ----------------------------------------------------------------------------- registry

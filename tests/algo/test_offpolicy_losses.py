@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.losses import PolicyLossInputs, compute_policy_loss
+from cadence.algo.losses import PolicyLossInputs
+from cadence.algo.policy_loss import compute_policy_loss
 from tests.algo.loss_helpers import T, loss_and_grad
 
 
