@@ -169,7 +169,8 @@ class EpisodeWorker:
 
     def evaluate(self, samples: int = 1) -> EvalResult:
         """Held-out success: `eval.episodes` episodes (x `samples`) on seeds never trained on."""
-        self._swap_weights_if_idle()
+        if self._thread is None:  # a running loop hands queued weights over itself
+            self._swap_weights()
         seeds = [HELD_OUT_SEED + i for i in range(self.cfg.eval.episodes)]
 
         async def play() -> list[float]:
@@ -202,11 +203,6 @@ class EpisodeWorker:
         finally:
             await runner.close()
         return sum(episode.rewards) if episode.ok else 0.0
-
-    def _swap_weights_if_idle(self) -> None:
-        if self._thread is None:
-            self._swap_weights()
-            self.hub.apply_weights()
 
     def metrics(self) -> dict[str, float]:
         counts = self.rollout.counts
