@@ -8,6 +8,10 @@ memory-bound decode costs:
 
     step seconds = step_latency_s + per_token_latency_s * running rows
                    + prefill_latency_s * prompt tokens admitted this step
+                   + context_latency_s * context tokens of the running rows
+
+(the last term is the KV-cache read: every decode step reads each running
+row's whole context, prompt plus tokens so far; 0 by default).
 
 Each request's length is drawn when it is added, from a seeded generator:
 "lognormal" (median `median_tokens`, shape `sigma`; sigma = 1 puts the
@@ -68,6 +72,7 @@ class MockEngine:
         per_token_latency_s: float = 0.0,
         prefill_latency_s: float = 0.0,
         virtual_clock: bool = False,
+        context_latency_s: float = 0.0,
         vocab_size: int = 32000,
         eos_id: int = 0,
         answer_fn: Callable[[GenRequest], str] | None = None,
@@ -79,7 +84,7 @@ class MockEngine:
             raise ValueError(f"length_dist must be 'lognormal' or 'fixed', got {length_dist!r}")
         if median_tokens < 1 or sigma < 0 or (max_tokens is not None and max_tokens < 1):
             raise ValueError("median_tokens and max_tokens must be >= 1 and sigma >= 0")
-        if min(step_latency_s, per_token_latency_s, prefill_latency_s) < 0:
+        if min(step_latency_s, per_token_latency_s, prefill_latency_s, context_latency_s) < 0:
             raise ValueError("latencies must be >= 0")
         if not 0 <= eos_id < vocab_size:
             raise ValueError(f"eos_id {eos_id} is not below vocab_size {vocab_size}")
@@ -92,6 +97,7 @@ class MockEngine:
         self.step_latency_s = step_latency_s
         self.per_token_latency_s = per_token_latency_s
         self.prefill_latency_s = prefill_latency_s
+        self.context_latency_s = context_latency_s
         self.virtual_clock = virtual_clock
         self.vocab_size = vocab_size
         self.eos_id = eos_id
@@ -161,6 +167,9 @@ class MockEngine:
             + self.per_token_latency_s * len(self._running)
             + self.prefill_latency_s * prompt_tokens
         )
+        if self.context_latency_s:
+            context = sum(len(s.req.prompt_ids) + len(s.tokens) for s in self._running)
+            cost += self.context_latency_s * context
         self._advance(cost)
 
         keep: list[_Seq] = []
