@@ -41,6 +41,9 @@ class EventLog:
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL" if path != ":memory:" else "PRAGMA journal_mode=MEMORY")
+        # No fsync per event (an acquire writes one on the request path: 0.6 ms here). In WAL mode
+        # a commit still survives a crash of the service; only a power loss can drop the last few.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(SCHEMA)
         self._lock = threading.Lock()
 

@@ -97,22 +97,40 @@ class Pool:
         self._health.start()
 
     # -- leases ----------------------------------------------------------------------------------
-    def acquire(self, limits: Limits | None = None) -> SandboxInfo:
-        """A ready sandbox: a warm spare when the limits are the pool's, else a cold start."""
-        if limits is None or limits == self.cfg.limits:
-            with self._lock:
-                spare = next((s for s in self._slots.values() if s.state == "ready" and s.box.alive), None)
-                if spare is not None:
-                    if self._leases() >= self.cfg.max_size:
-                        raise PoolFull(self._full_msg())
-                    spare.spare = False
-                    self._set(spare, "busy", "acquired (warm spare)")
-            if spare is not None:
-                self._starter.submit(self._fill)
-                return spare.info()
+    def acquire(self, limits: Limits | None = None, refill: bool = True) -> SandboxInfo:
+        """A ready sandbox: a warm spare when the limits are the pool's, else a cold start.
+
+        `refill=False` leaves starting the next spare to the caller (`refill()`): the service
+        does it after the response is sent, so a client never waits on a start it did not ask
+        for (a fork, bwrap and Python start-up compete for the same cores)."""
+        info = self.acquire_spare(limits)
+        if info is not None:
+            if refill:
+                self.refill()
+            return info
         slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)")
-        self._starter.submit(self._fill)
+        if refill:
+            self.refill()
         return slot.info()
+
+    def acquire_spare(self, limits: Limits | None = None) -> SandboxInfo | None:
+        """A warm spare if one is ready for these limits, else None; never waits on a start."""
+        if limits is not None and limits != self.cfg.limits:
+            return None
+        with self._lock:
+            spare = next((s for s in self._slots.values() if s.state == "ready" and s.box.alive), None)
+            if spare is None:
+                return None
+            if self._leases() >= self.cfg.max_size:
+                raise PoolFull(self._full_msg())
+            spare.spare = False
+            self._set(spare, "busy", "acquired (warm spare)")
+        return spare.info()
+
+    def refill(self) -> None:
+        """Start spares in the background until `warm` are ready again."""
+        if not self._stop.is_set():
+            self._starter.submit(self._fill)
 
     def release(self, sandbox_id: str, reason: str = "released by client") -> None:
         slot = self._get(sandbox_id)

@@ -19,7 +19,8 @@ import secrets
 import sys
 from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import BackgroundTasks, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
@@ -103,8 +104,15 @@ def create_app(pool: Pool, token: str, close_pool_at_shutdown: bool = False) -> 
         return Status(counts=pool.counts(), sandboxes=pool.list(), config=pool.cfg)
 
     @app.post("/v1/sandboxes")
-    def create(req: CreateRequest | None = None) -> SandboxInfo:
-        return pool.acquire(req.limits if req else None)
+    async def create(background: BackgroundTasks, req: CreateRequest | None = None) -> SandboxInfo:
+        # A warm spare is taken on the event loop (a lock and one event row: no thread hop);
+        # only a cold start goes to a worker thread. The next spare starts after the response.
+        limits = req.limits if req else None
+        info = pool.acquire_spare(limits)
+        if info is None:
+            info = await run_in_threadpool(pool.acquire, limits, False)
+        background.add_task(pool.refill)
+        return info
 
     @app.get("/v1/sandboxes")
     def list_() -> list[SandboxInfo]:
@@ -159,6 +167,9 @@ def serve(cfg: PoolConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     import uvicorn
 
     token = write_token(token_file, os.environ.get("CADENCE_SANDBOX_TOKEN"))
+    # Background threads (spares starting, health probes) hold the GIL in slices of the switch
+    # interval; at the default 5 ms one request that hops threads can wait several of them.
+    sys.setswitchinterval(0.001)
     pool = Pool(cfg)
     try:
         print(f"cadence sandbox service on http://{host}:{port} (token in {token_file}, events in "
