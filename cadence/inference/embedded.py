@@ -34,6 +34,11 @@ the same end): old-weight keys read by new-weight queries are a state no
 trainer forward reproduces. Tokens sampled before the swap keep the old
 policy's log-probs: it sampled them. Log-probs (mu) are log_softmax(logits /
 T)[token] over the full vocabulary, also with top_p < 1 (see `GenResult`).
+
+An episode's turns (requests with the same `cache_key`) keep their KV cache
+between turns: a finished request's keys and values are copied out, and the
+next turn prefills only its new tokens (`prefix_reuse.py`: how entries are
+keyed, verified by tokens, bounded, and dropped at a weight swap).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cadence.inference.endings import eos_ids, finish_reason, first_int, response_text, stop_window
 from cadence.inference.kv_cache import SlotKVCache, full_attention_layers
+from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts
 from cadence.inference.sampling import sample, token_logprobs
 from cadence.inference.types import (
     FinishReason,
@@ -76,6 +82,7 @@ class EmbeddedEngine:
         max_batch_size: int = 64,
         seed: int = 0,
         static_batching: bool = False,
+        keep_kv: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -85,6 +92,7 @@ class EmbeddedEngine:
         # Static batching (the baseline queue scheduling beats): a new wave is admitted only
         # when every row of the last one has finished, so short answers wait for the longest.
         self.static_batching = static_batching
+        self.keep_kv = keep_kv  # keep finished requests' KV for their cache_key's next turn
         self.version = 0
         # Padded tokens per forward when a weight swap recomputes running rows' caches.
         self.recompute_chunk_tokens = 1 << 15
@@ -110,10 +118,12 @@ class EmbeddedEngine:
         self._order: tuple[Tensor, Tensor, Tensor] | None = None  # slots, temp, top_p of _running
         self._order_stale = True
         self._held: list[GenResult] = []  # finished outside a `generate` call that ran them
+        self._retained = RetainedContexts()
         self._in_step = False
         self._stats = {
             "tokens_generated": 0,
             "prompt_tokens": 0,
+            "prefill_tokens": 0,  # prompt tokens run through the model (not copied from a turn before)
             "decode_steps": 0,
             "prefills": 0,
             "requests_finished": 0,
@@ -194,6 +204,10 @@ class EmbeddedEngine:
                 return self._result(seq, "abort")
         return None
 
+    def forget(self, cache_key: str) -> None:
+        """Drop the KV cache kept for `cache_key` (its episode ended)."""
+        self._retained.forget(cache_key)
+
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Copy new weights into the model in place (strict), recompute running rows' caches.
 
@@ -208,6 +222,7 @@ class EmbeddedEngine:
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version
+        self._retained.clear()  # computed under the old weights (see prefix_reuse.py)
         with torch.inference_mode():  # the cache tensors are inference tensors
             self._recompute_cache()
 
@@ -231,6 +246,9 @@ class EmbeddedEngine:
         """Counters since construction, plus the current batch shape."""
         return {
             **self._stats,
+            **self._retained.stats,
+            "retained": len(self._retained),
+            "retained_tokens": self._retained.tokens(),
             "running": len(self._running),
             "waiting": len(self._waiting),
             "cache_len": self._cache.width,
@@ -294,22 +312,33 @@ class EmbeddedEngine:
         self._stats["decode_steps"] += 1
         return tokens, logprobs
 
-    def _fill_slots(self, contexts: list[list[int]], slots: list[int]) -> Tensor:
+    def _fill_slots(
+        self, contexts: list[list[int]], slots: list[int], pasts: list[CachedPrefix] | None = None
+    ) -> Tensor:
         """One forward over `contexts`, writing their keys and values into `slots`.
 
-        Returns each context's last logits [len(contexts), V].
+        With `pasts` (the cached keys and values of each context's first
+        tokens) the forward covers only the last `new` columns, `new` the
+        longest uncached suffix; the rest of each row is copied in. Returns
+        each context's last logits [len(contexts), V].
         """
         lengths = [len(c) for c in contexts]
         width = max(lengths)
-        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        new = width if pasts is None else max(n - len(p) for n, p in zip(lengths, pasts, strict=True))
+        ids = torch.full((len(contexts), new), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), width), dtype=torch.long)
         for i, c in enumerate(contexts):  # left padding: the next token goes at the right edge
-            ids[i, width - lengths[i] :] = torch.tensor(c)
+            tail = c[-new:]
+            ids[i, new - len(tail) :] = torch.tensor(tail)
             mask[i, width - lengths[i] :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, width - new :]
         self._reserve(max(slots) + 1, width)
-        with self._cache.prefilling(slots, mask):
+        for slot, n, past in zip(slots, lengths, pasts or [], strict=False):
+            kept = past.head(max(n - new, 0))  # the rest of the row goes through the forward
+            self._cache.place_row(slot, kept.keys, kept.values, end=self._cache.hi - new)
+        self._stats["prefill_tokens"] += sum(min(n, new) for n in lengths)
+        with self._cache.prefilling(slots, mask, past=width - new):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -333,14 +362,33 @@ class EmbeddedEngine:
         self._order_stale = True
 
     def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
-        """Run the prompts of newly admitted requests, writing their cache into free slots."""
+        """Run the prompts of newly admitted requests, writing their cache into free slots.
+
+        Fresh prompts go in one forward, turns that continue a retained
+        context in another (see prefix_reuse.py); sampling is one draw over
+        all of them in admission order, as without reuse.
+        """
         lengths = [len(r.prompt_ids) for r in reqs]
+        pasts = [self._retained.take(r) if self.keep_kv else None for r in reqs]
+        self._retained.evict(keep=self.max_batch_size - len(self._running) - len(reqs))
         self._holes.sort()
         reused = self._holes[: len(reqs)]
         del self._holes[: len(reqs)]
         rows = self._cache.rows
-        slots = reused + list(range(rows, rows + len(reqs) - len(reused)))
-        logits = self._fill_slots([r.prompt_ids for r in reqs], slots)
+        free = reused + list(range(rows, rows + len(reqs) - len(reused)))
+        fresh = [i for i, p in enumerate(pasts) if p is None]
+        again = [i for i, p in enumerate(pasts) if p is not None]
+        slots = [0] * len(reqs)  # each group takes the next free slots, so no forward leaves a gap
+        for i, slot in zip(fresh + again, free, strict=True):
+            slots[i] = slot
+        logits = None
+        for group, group_pasts in ((fresh, None), (again, [pasts[i] for i in again])):
+            if group:
+                part = self._fill_slots(
+                    [reqs[i].prompt_ids for i in group], [slots[i] for i in group], group_pasts
+                )
+                logits = part.new_empty((len(reqs), part.shape[1])) if logits is None else logits
+                logits[group] = part
         temp = torch.tensor([r.params.temperature for r in reqs], device=self.device)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=self.device)
         tokens, logprobs = self._sample(logits, temp, top_p)
@@ -474,11 +522,19 @@ class EmbeddedEngine:
             if reason is not None:
                 finished.append(i)
                 done.append(self._result(seq, reason))
+                self._retain(seq)
         self._stats["tokens_generated"] += len(tokens)
         if done:
             self._release(finished)  # rows == self._running, in order
             self._stats["requests_finished"] += len(done)
         return done
+
+    def _retain(self, seq: _Seq) -> None:
+        """Copy a finished row's KV cache out for its cache key's next turn."""
+        if self.keep_kv and seq.req.cache_key is not None:
+            context = seq.req.prompt_ids + seq.tokens[:-1]  # the last token never went in
+            keys, values = self._cache.read_row(seq.slot, len(context))
+            self._retained.retain(seq.req.cache_key, CachedPrefix(context, keys, values))
 
     def _result(self, seq: _Seq, reason: FinishReason) -> GenResult:
         text = response_text(seq, reason, self.eos_ids, self.tokenizer)

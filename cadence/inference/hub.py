@@ -12,7 +12,9 @@ step, and its caller resumes the moment its last token is out.
 - Routing: a new request goes to the least-loaded replica (running plus
   waiting requests). A caller that passes `affinity` (an episode id) keeps all
   its turns on the replica its first turn went to, where its context is most
-  likely still cached (vLLM's prefix cache; verl routes the same way).
+  likely still cached (vLLM's prefix cache; verl routes the same way). The
+  affinity becomes the request's `cache_key`, under which the embedded engine
+  keeps each turn's KV cache for the next; `forget(affinity)` drops it.
 - Driving: `pump()` is one round: queued weights are swapped in, queued
   requests and aborts reach their replicas, then each replica with work does
   one `step()`. Engines are driven from one thread at a time, so requests and
@@ -34,6 +36,7 @@ step, and its caller resumes the moment its last token is out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +54,7 @@ class _Replica:
     engine: InferenceEngine
     to_add: list[GenRequest] = field(default_factory=list)
     to_abort: list[str] = field(default_factory=list)
+    to_forget: list[str] = field(default_factory=list)  # cache keys whose episode ended
     owned: set[str] = field(default_factory=set)  # request ids submitted here, not yet resolved
 
     def load(self) -> int:
@@ -86,6 +90,8 @@ class InferenceHub:
         if req.request_id in self._futures:
             raise ValueError(f"request id {req.request_id!r} is already in flight")
         replica = self._route(affinity)
+        if affinity is not None and req.cache_key is None:
+            req = dataclasses.replace(req, cache_key=affinity)
         future: asyncio.Future[GenResult] = asyncio.get_running_loop().create_future()
         self._futures[req.request_id] = future
         self._where[req.request_id] = replica
@@ -115,8 +121,10 @@ class InferenceHub:
         self._wake()
 
     def forget(self, affinity: str) -> None:
-        """An episode ended: its turns need not stay on one replica any more."""
-        self._affinity.pop(affinity, None)
+        """An episode ended: its turns need not stay on one replica, nor its KV cache be kept."""
+        index = self._affinity.pop(affinity, None)
+        if index is not None:
+            self.replicas[index].to_forget.append(affinity)
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Queue new weights for every replica (any thread); swapped in between two rounds."""
@@ -230,6 +238,11 @@ class InferenceHub:
             if result is not None:
                 self._resolve(result)
         replica.to_abort.clear()
+        forget = getattr(replica.engine, "forget", None)  # engines that keep per-episode caches
+        for key in replica.to_forget:
+            if forget is not None:
+                forget(key)
+        replica.to_forget.clear()
 
     def _resolve(self, result: GenResult) -> None:
         future = self._futures.pop(result.request_id, None)

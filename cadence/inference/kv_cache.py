@@ -22,7 +22,11 @@ values in buffers of shape [row capacity, heads, column capacity, head_dim]:
 The model sees an ordinary `Cache`: in a decode step `update` writes the new
 column and returns views [:rows, :, lo:hi + 1] of the buffers; in a prefill it
 writes the new rows' keys and values into their slots, right-aligned at `hi`,
-and returns them as they are, since prompts attend only to themselves.
+and returns them as they are, since prompts attend only to themselves. A
+prefill with a `past` (an episode's next turn, see `prefix_reuse.py`) attends
+to that too: the rows' cached keys and values are put in place first
+(`place_row`), right before the new columns, and `update` returns past and
+new together.
 
 Masked columns must hold finite numbers (attention weight 0 times NaN is
 NaN). Buffers are allocated uninitialised (see `_buffer`), so every column a
@@ -69,6 +73,9 @@ class SlotKVLayer(CacheLayerMixin):
             slots, start = p._prefill_slots, p.hi - key_states.shape[-2]
             self.keys[slots, :, start : p.hi] = key_states
             self.values[slots, :, start : p.hi] = value_states
+            if p._prefill_past:  # place_row wrote the past and zeroed what is left of the window
+                first = start - p._prefill_past
+                return self.keys[slots, :, first : p.hi], self.values[slots, :, first : p.hi]
             if start > p.lo:  # the window is wider than the prompts: padding
                 self.keys[slots, :, p.lo : start] = 0
                 self.values[slots, :, p.lo : start] = 0
@@ -85,7 +92,8 @@ class SlotKVLayer(CacheLayerMixin):
         return self.keys[: p.rows, :, p.lo : p.hi + 1], self.values[: p.rows, :, p.lo : p.hi + 1]
 
     def get_seq_length(self) -> int:
-        return 0 if self.parent._prefill_slots is not None else self.parent.width
+        p = self.parent
+        return p._prefill_past if p._prefill_slots is not None else p.width
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -112,6 +120,13 @@ class SlotKVLayer(CacheLayerMixin):
         if self.is_initialized:
             self.keys[dst, :, cols] = self.keys[src, :, cols]
             self.values[dst, :, cols] = self.values[src, :, cols]
+
+    def _place(self, slot: int, keys: Tensor, values: Tensor, lo: int, end: int) -> None:
+        start = end - keys.shape[-2]
+        self.keys[slot, :, lo:start] = 0
+        self.values[slot, :, lo:start] = 0
+        self.keys[slot, :, start:end] = keys
+        self.values[slot, :, start:end] = values
 
 
 class SlotKVCache(Cache):
@@ -143,6 +158,7 @@ class SlotKVCache(Cache):
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
         self.relayouts = 0  # how many times the buffers were reallocated (for tests and stats)
         self._prefill_slots: slice | Tensor | None = None
+        self._prefill_past = 0  # columns before a prefill's own that it attends to
         super().__init__(layers=[SlotKVLayer(self) for _ in range(num_layers)])
 
     @property
@@ -228,17 +244,46 @@ class SlotKVCache(Cache):
             layer._move(d, s, cols)
         self.mask[d] = self.mask[s]
 
+    def read_row(self, slot: int, length: int) -> tuple[Tensor, Tensor]:
+        """Copies of the keys and values of the last `length` columns of `slot`.
+
+        Shapes [layers, heads, length, head_dim]: a row's real tokens are the
+        last columns of the window, so this is its whole context when `length`
+        is its token count.
+        """
+        if not 0 < length <= self.width:
+            raise ValueError(f"cannot read {length} columns of a {self.width}-column window")
+        cols = slice(self.hi - length, self.hi)
+        keys = torch.stack([layer.keys[slot, :, cols] for layer in self.layers])
+        values = torch.stack([layer.values[slot, :, cols] for layer in self.layers])
+        return keys, values
+
+    def place_row(self, slot: int, keys: Tensor, values: Tensor, end: int) -> None:
+        """Write a row's cached keys and values (from `read_row`) into columns [end - n, end).
+
+        The columns of the window before them are zeroed (padding). For a
+        prefill with a past: `end` is where the forward's own columns start.
+        """
+        if keys.shape[0] != len(self.layers) or not self.lo <= end - keys.shape[-2]:
+            raise RuntimeError(f"{tuple(keys.shape)} keys do not fit before column {end}")
+        for layer, k, v in zip(self.layers, keys, values, strict=True):
+            layer._place(slot, k, v, self.lo, end)
+
     @contextmanager
-    def prefilling(self, slots: list[int], mask: Tensor) -> Iterator[None]:
+    def prefilling(self, slots: list[int], mask: Tensor, past: int = 0) -> Iterator[None]:
         """Within: a forward over the rows of `slots` writes their keys and values in place.
 
         `mask` [len(slots), w] is their left-padded attention mask; the
         prompts go in columns [hi - w, hi), so `reserve(.., w)` must come
-        first. Slots at or past `rows` join the batch.
+        first. Slots at or past `rows` join the batch. With `past` > 0 the
+        forward covers only the last w - past of those columns and attends to
+        the first `past`, which `place_row` filled.
         """
         width = mask.shape[1]
         if width > self.width or max(slots) >= self.row_capacity:
             raise RuntimeError("reserve() the rows and the prompt width before prefilling")
+        if not 0 <= past < width:
+            raise ValueError(f"past={past} must leave a column of the {width} to compute")
         if not set(range(self.rows, max(slots) + 1)) <= set(slots):
             raise RuntimeError(f"slots {slots} leave a gap after the {self.rows} in use")
         first = slots[0]
@@ -248,11 +293,11 @@ class SlotKVCache(Cache):
             index = torch.tensor(slots, device=self.mask.device)
         self.mask[index, self.lo : self.hi] = 0
         self.mask[index, self.hi - width : self.hi] = mask.to(self.mask)
-        self._prefill_slots = index
+        self._prefill_slots, self._prefill_past = index, past
         try:
             yield
         finally:
-            self._prefill_slots = None
+            self._prefill_slots, self._prefill_past = None, 0
         self.rows = max(self.rows, max(slots) + 1)
 
     # ---- decode ----------------------------------------------------------

@@ -48,12 +48,19 @@ class GenRequest:
     `version` is the policy version the sample is credited to (for
     staleness); None lets the engine fill in its version when it starts
     generating.
+
+    `cache_key` (an episode id; the hub sets it to the request's `affinity`)
+    lets an engine keep this request's KV cache after it finishes and reuse it
+    for the next request with the same key (the episode's next turn; see
+    `cadence/inference/prefix_reuse.py`). The engine checks the tokens: a key
+    shared by unrelated prompts costs a cache miss, never a wrong result.
     """
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     version: int | None = None
+    cache_key: str | None = None
 
 
 @dataclass
