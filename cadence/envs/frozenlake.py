@@ -53,10 +53,12 @@ class FrozenLakeEnv:
 
     action_tag = "answer"
 
-    def __init__(self, size: int = 4, p: float = 0.8, slippery: bool = False) -> None:
+    def __init__(self, size: int = 4, p: float = 0.8, slippery: bool = False, rules: bool = True) -> None:
+        """`rules=False`: the first observation is the grid alone (a small model trained on the
+        game, like `builtin:frozenlake`, cannot read the rules and only pays for their tokens)."""
         if size < 2 or not 0 < p <= 1:
             raise ValueError(f"frozenlake needs size >= 2 and 0 < p <= 1, got size={size}, p={p}")
-        self.size, self.p, self.slippery = size, p, slippery
+        self.size, self.p, self.slippery, self.rules = size, p, slippery, rules
         self.env = None
         self.desc: list[str] = []
         self.state = 0
@@ -76,7 +78,8 @@ class FrozenLakeEnv:
         self.env = GymFrozenLake(desc=self.desc, is_slippery=self.slippery)
         self.state, _ = self.env.reset(seed=seed)
         optimal = len(shortest_path(self.desc, self.state) or [])
-        return f"{RULES}\n{self.render()}", {"optimal_steps": optimal}
+        first = f"{RULES}\n{self.render()}" if self.rules else self.render()
+        return first, {"optimal_steps": optimal}
 
     def step(self, action: str) -> StepReturn:
         chosen = parse_discrete_action(action, ACTIONS)
