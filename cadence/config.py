@@ -88,6 +88,16 @@ class RolloutConfig(Section):
         "with its first group_size finished episodes and the stragglers are cancelled (ROLL Flash's "
         "redundant environments). 0: off."
     )
+    extra_groups: int = Field(
+        0, ge=0, description="Agentic runs: groups kept in flight beyond what alpha allows, so a step "
+        "takes the first groups to finish (ROLL Flash's redundancy in groups; with rollout.redundancy "
+        "the redundancy in episodes). Groups that can no longer be fresh are cancelled. 0: off."
+    )
+    env_mode: Literal["async", "lockstep"] = Field(
+        "async", description="Agentic runs: 'async' runs every episode on its own (environment-level "
+        "async); 'lockstep' advances a step's episodes turn by turn together, each turn waiting for "
+        "the slowest environment (the synchronous baseline of benchmarks/env_async.py)."
+    )
     max_context_tokens: int = Field(
         2048, gt=0, description="Agentic runs: an episode's token budget (first observation, model "
         "turns and observations); a turn that would not fit ends the episode as truncated."

@@ -41,6 +41,7 @@ from cadence.rollout.sample import Group
 class _OpenGroup:
     group: Group
     seed: int
+    version: int  # the policy version the group started under
     tasks: set[asyncio.Task] = field(default_factory=set)
     started: int = 0
     retries: int = 0
@@ -75,6 +76,7 @@ class EnvRollout:
         self.turns = turns
         self.next_seed = first_seed
         self.next_group_id = 0
+        self.version = 0  # the policy version new groups start under (the worker sets it on a swap)
         self.open: dict[int, _OpenGroup] = {}
         self.counts: Counter[str] = Counter()  # episodes, lost/<kind>, cancelled, groups, ...
         self.turn_total = 0
@@ -85,7 +87,7 @@ class EnvRollout:
         for _ in range(num_groups):
             gid = self.next_group_id
             self.next_group_id += 1
-            opened = _OpenGroup(Group(group_id=gid, prompt_id=f"seed{self.next_seed}"), self.next_seed)
+            opened = _OpenGroup(Group(group_id=gid, prompt_id=f"seed{self.next_seed}"), self.next_seed, self.version)
             self.next_seed += 1
             self.open[gid] = opened
             for _ in range(self.group_size + self.redundancy):
@@ -93,6 +95,14 @@ class EnvRollout:
 
     def in_flight(self) -> int:
         return sum(len(g.tasks) for g in self.open.values())
+
+    def cancel_stale(self, min_version: int) -> int:
+        """Close the open groups started before `min_version` (they could only be dropped as
+        stale once finished), cancelling their episodes; returns how many closed."""
+        stale = [g for g in self.open.values() if g.version < min_version]
+        for opened in stale:
+            self._close(opened, keep=False, why="groups_stale")
+        return len(stale)
 
     async def close(self) -> None:
         """Cancel every episode still running (their requests are aborted)."""
@@ -111,7 +121,10 @@ class EnvRollout:
         task.add_done_callback(opened.tasks.discard)
 
     async def _episode(self, opened: _OpenGroup, episode_id: str) -> None:
-        runner = self.make_runner()
+        await self._run(opened, episode_id, self.make_runner)
+
+    async def _run(self, opened: _OpenGroup, episode_id: str, make_runner: Callable[[], EnvRunner]) -> None:
+        runner = make_runner()
         try:
             episode = await run_episode(
                 self.hub, runner, self.tokenizer, self.params, opened.seed, episode_id,
@@ -144,7 +157,7 @@ class EnvRollout:
         if len(group.samples) == self.group_size:
             self._close(opened, keep=True)
 
-    def _close(self, opened: _OpenGroup, keep: bool) -> None:
+    def _close(self, opened: _OpenGroup, keep: bool, why: str = "groups_dropped") -> None:
         del self.open[opened.group.group_id]
         for task in list(opened.tasks):
             if task is not asyncio.current_task():
@@ -153,5 +166,5 @@ class EnvRollout:
             self.buffer.put(opened.group)
             self.counts["groups"] += 1
         else:
-            self.counts["groups_dropped"] += 1
+            self.counts[why] += 1
         self.groups_done.set()

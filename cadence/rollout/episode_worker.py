@@ -33,6 +33,7 @@ from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.episode import run_episode
 from cadence.rollout.evaluate import EvalResult, pass_at_k
+from cadence.rollout.lockstep import LockstepRollout
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import worker_quotas
 from cadence.runtime.threads import configure_threads
@@ -59,10 +60,12 @@ class EpisodeWorker:
         self.params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop)
         self.eval_params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
         self.buffer = SampleBuffer(self.alpha)
-        self.rollout = EnvRollout(
+        self.extra_groups = ro.extra_groups
+        lockstep = {"batch_groups": self.quota} if ro.env_mode == "lockstep" else {}
+        self.rollout = (LockstepRollout if lockstep else EnvRollout)(
             self.hub, self._runner, self.tokenizer, self.params, self.buffer, ro.group_size,
             redundancy=ro.redundancy, max_context_tokens=ro.max_context_tokens,
-            first_seed=1000 * (cfg.seed + 1) + 10**6 * index,
+            first_seed=1000 * (cfg.seed + 1) + 10**6 * index, **lockstep,
         )
         self.version = 0
         self.swaps = 0
@@ -120,7 +123,9 @@ class EpisodeWorker:
             await server
 
     def _allowed_groups(self) -> int:
-        return (self.swaps + self.alpha + 1) * self.quota + self.rollout.counts["groups_dropped"]
+        # Groups dropped (out of retries) or cancelled as stale will never train: replace them.
+        never_trained = self.rollout.counts["groups_dropped"] + self.rollout.counts["groups_stale"]
+        return (self.swaps + self.alpha + 1) * self.quota + self.extra_groups + never_trained
 
     def _swap_weights(self) -> None:
         """Hand queued weights to the hub (swapped in between two engine rounds). Episodes in
@@ -133,8 +138,10 @@ class EpisodeWorker:
         self.hub.update_weights(state_dict, version)
         if self._thread is None:
             self.hub.apply_weights()
-        self.version = version
+        self.version = self.rollout.version = version
         self.swaps += 1
+        if self.extra_groups:  # extra groups still open this late could only be dropped as stale
+            self.rollout.cancel_stale(version - self.alpha)
 
     def _poke(self) -> None:
         if self._loop is not None and self._wake is not None:
@@ -217,6 +224,7 @@ class EpisodeWorker:
             "rollout/episodes_cancelled_total": float(counts["cancelled"]),
             "rollout/episodes_retried_total": float(counts["retried"]),
             "rollout/groups_dropped_total": float(counts["groups_dropped"]),
+            "rollout/groups_stale_cancelled_total": float(counts["groups_stale"]),
             "rollout/turns_per_episode": self.rollout.turn_total / max(counts["episodes"], 1),
         }
         for kind in ("raised", "timeout", "died"):
@@ -239,7 +247,7 @@ class EpisodeWorker:
     def load_state_dict(self, state: dict, version: int) -> None:
         self.rollout.next_seed = state["next_seed"]
         self.engine.load_sampling_state(state["engine"])
-        self.version = version
+        self.version = self.rollout.version = version
         self.swaps = state.get("swaps", version)
         self.started_groups = self.swaps * self.quota
 

@@ -1,0 +1,153 @@
+"""Lock-step synchronous rollout: the baseline without environment-level async.
+
+What agent frameworks without environment-level async do: a batch of
+episodes advances turn by turn, all together,
+
+    reset every environment                      (in parallel)  -> barrier
+    repeat:
+        generate every live episode's turn       (one batch)    -> barrier
+        step every live environment              (in parallel)  -> barrier
+    until every episode of the batch is done
+
+so every turn waits for the slowest generation and then for the slowest
+environment. A batch is one training step's groups (`batch_groups`); the next
+batch starts when the last one is done (with alpha > 0 the trainer may be
+training meanwhile, but batches never overlap).
+
+It is `EnvRollout` with one change: each episode's environment sits behind a
+`TurnBarrier` shared by its batch. Episodes, groups, retries, redundancy,
+the hub and `run_episode` are the same code as the asynchronous mode, so
+the two modes produce the same episodes and differ only in when a turn may
+start. An episode that ends (done, lost, out of context, cancelled) leaves
+the barrier, so nobody waits for it any more.
+
+Selected with `rollout.env_mode=lockstep` (`EpisodeWorker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cadence.envs.runner import EnvFailure, EnvRunner, ResetResult, StepResult
+from cadence.rollout.env_rollout import EnvRollout, _OpenGroup
+
+
+class TurnBarrier:
+    """A barrier whose parties may join and leave: released when every party is waiting."""
+
+    def __init__(self) -> None:
+        self.parties = 0
+        self._waiting = 0
+        self._release = asyncio.Event()
+        self.rounds = 0  # how many times it released (turn boundaries)
+
+    def join(self) -> None:
+        self.parties += 1
+
+    def leave(self) -> None:
+        self.parties -= 1
+        self._maybe_release()
+
+    async def wait(self) -> None:
+        release = self._release
+        self._waiting += 1
+        self._maybe_release()
+        if not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                if not release.is_set():
+                    self._waiting -= 1
+                raise
+
+    def _maybe_release(self) -> None:
+        if self._waiting and self._waiting >= self.parties:
+            self._release.set()  # wakes this round's waiters; the next round gets a fresh event
+            self._release = asyncio.Event()
+            self._waiting = 0
+            self.rounds += 1
+
+
+class LockstepRunner:
+    """An `EnvRunner` whose reset and steps end at the batch's barrier."""
+
+    def __init__(self, runner: EnvRunner, barrier: TurnBarrier) -> None:
+        self.runner = runner
+        self.barrier = barrier
+
+    async def reset(self, seed: int) -> ResetResult | EnvFailure:
+        result = await self.runner.reset(seed)
+        await self.barrier.wait()  # the first turn is generated for everyone at once
+        return result
+
+    async def step(self, response: str) -> StepResult | EnvFailure:
+        await self.barrier.wait()  # the whole batch's turn is generated before any env steps
+        result = await self.runner.step(response)
+        if not result.done:
+            await self.barrier.wait()  # the next turn starts when the slowest environment answered
+        return result
+
+    async def close(self) -> None:
+        await self.runner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)  # counts, env, ...
+
+
+class LockstepRollout(EnvRollout):
+    """`EnvRollout` in lock-step batches of `batch_groups` groups (see the module docstring)."""
+
+    def __init__(self, *args: Any, batch_groups: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch_groups = batch_groups
+        self.pending = 0  # admitted groups waiting for a batch
+        self.batches = 0
+        self._barrier: TurnBarrier | None = None
+        self._batch: set[int] = set()
+        self._batch_done = asyncio.Event()
+        self._driver: asyncio.Task | None = None
+
+    def admit(self, num_groups: int) -> None:
+        """Queue `num_groups` groups; they start in the next lock-step batches."""
+        self.pending += num_groups
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+
+    async def close(self) -> None:
+        if self._driver is not None:
+            self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
+        await super().close()
+
+    async def _drive(self) -> None:
+        while self.pending:
+            size = min(self.batch_groups, self.pending)
+            self.pending -= size
+            self._barrier = TurnBarrier()
+            first = self.next_group_id
+            self._batch = set(range(first, first + size))
+            self._batch_done.clear()
+            super().admit(size)
+            await self._batch_done.wait()
+
+    def _start(self, opened: _OpenGroup) -> None:
+        assert self._barrier is not None
+        self._barrier.join()  # now, before any episode of the batch can reach the barrier
+        super()._start(opened)
+
+    async def _episode(self, opened: _OpenGroup, episode_id: str) -> None:
+        barrier = self._barrier
+        assert barrier is not None
+        make_runner = self.make_runner
+        try:
+            await self._run(opened, episode_id, lambda: LockstepRunner(make_runner(), barrier))
+        finally:
+            barrier.leave()
+
+    def _close(self, opened: _OpenGroup, keep: bool) -> None:
+        super()._close(opened, keep)
+        self._batch.discard(opened.group.group_id)
+        if not self._batch and not self._batch_done.is_set():
+            self.batches += 1
+            self._batch_done.set()
