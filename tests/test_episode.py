@@ -11,7 +11,8 @@ from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
-from cadence.rollout.episode import PlainTurns, run_episode
+from cadence.rollout.episode import run_episode
+from cadence.rollout.turns import PlainTurns
 from cadence.train.batch import collate
 
 
@@ -70,6 +71,10 @@ def test_the_trained_sequence_is_the_last_turns_context_plus_its_output_id_for_i
     observations = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if not m]
     assert observations == tok("\nturn 1\n\nturn 2\n", add_special_tokens=False).input_ids
     assert sample.reward == 1.0 and sample.finish_reason == "stop"
+    # Each turn's reward sits on the turn's last model token (the per-turn advantages read it there).
+    turn_ends = [i for i, m in enumerate(sample.loss_mask) if m and (i + 1 == len(sample.loss_mask) or not sample.loss_mask[i + 1])]
+    assert [sample.token_rewards[i] for i in turn_ends] == episode.rewards
+    assert sum(sample.token_rewards) == sample.reward and len(sample.token_rewards) == len(sample.response_ids)
     # Every turn's context is the previous turn's context, its output and the observation.
     for (req, out), (nxt, _) in zip(hub.seen, hub.seen[1:], strict=False):
         assert nxt.prompt_ids[: len(req.prompt_ids) + len(out.token_ids)] == req.prompt_ids + out.token_ids
@@ -108,4 +113,7 @@ def test_the_context_budget_truncates_an_episode():
 
 
 def test_plain_turns_wrap_observations_in_newlines():
-    assert PlainTurns().first("grid") == "grid\n" and PlainTurns().next("grid") == "\ngrid\n"
+    tok = load_tokenizer("builtin")
+    assert PlainTurns().first(tok, "grid") == tok("grid\n").input_ids
+    assert PlainTurns().after(tok, [5, 6], "grid") == tok("\ngrid\n", add_special_tokens=False).input_ids
+    assert PlainTurns("be brief").first(tok, "grid") == tok("be brief\ngrid\n").input_ids

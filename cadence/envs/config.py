@@ -102,6 +102,17 @@ class EnvConfig(BaseModel):
         default_factory=LatencyConfig,
         description="Simulated per-step latency, fail-slow and fail-stop (any environment).",
     )
+    turn_format: Literal["auto", "plain", "chat"] = Field(
+        "auto",
+        description="How observations and the model's turns become tokens: 'chat' renders the "
+        "tokenizer's chat template (observations as user messages), 'plain' puts each observation "
+        "between newlines (the built-in model), 'auto' is chat when the tokenizer has a template.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="Text before the first observation: a system message under the chat format, "
+        "a first line under the plain one. None: nothing.",
+    )
 
     @field_validator("action_tag")
     @classmethod

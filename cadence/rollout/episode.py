@@ -3,12 +3,16 @@
 An episode runs as one coroutine against the shared `InferenceHub`, so while
 it waits for its environment the engine serves every other episode:
 
-    ids = encode(first observation)                       model? no: mask 0 (the prompt)
+    ids = turns.first(first observation)                     the prompt
     repeat:
-        out = await hub.generate(ids)                    model tokens: mask 1, mu, version
-        step = await env.step(out.text)                  (off the event loop)
-        ids += out.token_ids + encode(next observation)  environment tokens: mask 0, mu 0
+        out = await hub.generate(ids)                       model tokens: mask 1, mu, version
+        step = await env.step(out.text)                     (off the event loop)
+        ids += out.token_ids + turns.after(out, observation) environment tokens: mask 0, mu 0
     until the episode is done, max_turns, or the context budget is spent
+
+`turns` (cadence/rollout/turns.py) is the plain-text format or the
+tokenizer's chat template; either way it only makes the ids that go between
+the model's own.
 
 The episode becomes ONE training sample: the first observation is its prompt
 and everything after it, model and environment tokens alike, is its
@@ -20,14 +24,15 @@ output, id for id.
 
 Context budget: a turn is only started when the context plus the turn's
 max_new_tokens fits in `max_context_tokens`; otherwise the episode ends as
-truncated with the rewards it has. Its return is the sum of its step rewards.
+truncated with the rewards it has. Its return is the sum of its step rewards;
+`Sample.token_rewards` keeps them per turn (each on its turn's last model
+token) for the per-turn advantages (turn_grpo, gae).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
 
@@ -35,26 +40,7 @@ from cadence.envs.runner import EnvFailure, EnvRunner
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.rollout.sample import Sample
-
-
-class TurnFormat(Protocol):
-    """How observations become text around the model's turns."""
-
-    def first(self, observation: str) -> str: ...
-
-    def next(self, observation: str) -> str: ...
-
-
-@dataclass(frozen=True)
-class PlainTurns:
-    """Plain text for models without a chat template (the built-in model):
-    `<observation>\\n` first, then `\\n<observation>\\n` after every model turn."""
-
-    def first(self, observation: str) -> str:
-        return f"{observation}\n"
-
-    def next(self, observation: str) -> str:
-        return f"\n{observation}\n"
+from cadence.rollout.turns import PlainTurns, TurnFormat
 
 
 @dataclass
@@ -90,10 +76,11 @@ async def run_episode(
     if isinstance(first, EnvFailure):
         episode.failure = first
         return episode
-    prompt = tokenizer(turns.first(first.observation)).input_ids
+    prompt = turns.first(tokenizer, first.observation)
     response: list[int] = []
     loss_mask: list[int] = []
     mu: list[float] = []
+    token_rewards: list[float] = []
     versions: list[int] = []
     finish_version: int | None = None
     try:
@@ -122,13 +109,19 @@ async def run_episode(
                 episode.failure = step
                 return episode
             episode.rewards.append(step.reward)
+            token_rewards += [0.0] * len(out.token_ids)
+            if out.token_ids:
+                token_rewards[-1] = step.reward  # a turn's reward sits on its last model token
             if step.done:
                 episode.truncated = step.truncated and not step.terminated
                 break
-            observation = tokenizer(turns.next(step.observation), add_special_tokens=False).input_ids
+            observation = turns.after(tokenizer, out.token_ids, step.observation)
+            # Turns are told apart by the observation tokens between them (cadence.algo.turn_returns).
+            assert observation, "a turn format must put at least one token between two turns"
             response += observation
             loss_mask += [0] * len(observation)
             mu += [0.0] * len(observation)
+            token_rewards += [0.0] * len(observation)
     finally:
         hub.forget(episode_id)
     if not versions:  # the first observation alone filled the budget: nothing the model did
@@ -145,5 +138,6 @@ async def run_episode(
         finish_reason="length" if episode.truncated else "stop",
         finish_version=finish_version,
         loss_mask=loss_mask,
+        token_rewards=token_rewards,
     )
     return episode

@@ -23,6 +23,9 @@ class Sample:
     # Multi-turn episodes: 1 on the model's tokens, 0 on the environment's (observations appended
     # between turns). None: every response token is the model's.
     loss_mask: list[int] | None = None
+    # Multi-turn episodes: each turn's reward on the turn's last model token, 0 elsewhere (aligned
+    # with response_ids, sums to `reward`). None: `reward` sits on the last response token.
+    token_rewards: list[float] | None = None
 
 
 @dataclass
