@@ -1,0 +1,17 @@
+"""`cadence simulate`: a discrete-event simulator of an RLVR run on a GPU cluster.
+
+cadence's own scheduler (RolloutWorker admission under alpha, RLVRRollout's
+queue scheduling and prompt replication, the InferenceHub's routing, the
+SampleBuffer's freshness rule) drives mock engine replicas whose step costs
+come from a memory-bound decode model, against a trainer costed by a
+compute-bound model, on a virtual clock. See docs/scaling.md.
+
+    config.py      the inputs (pydantic; presets/ hold the paper's setups)
+    costs.py       decode, prefill, training and weight-sync cost models
+    theory.py      ROLL Flash's mu_gen, L_gen, mu_train and beta* from the cost model
+    clock.py       the virtual-time event queue
+    stand_ins.py   tokenizer / reward / prompts a simulated worker needs
+    worker.py      RolloutWorker on mock replicas, stepped by the event queue
+    cluster.py     one run: workers + trainer -> throughput, staleness, step times
+    sweeps.py      the questions: scaling, split, alpha, tail
+"""
