@@ -222,5 +222,25 @@ def rhythm(
     typer.echo(result.summary())
 
 
+@app.command()
+def dashboard(
+    runs: Annotated[str, typer.Option("--runs", help="Folder of run folders.")] = "runs",
+    port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8484,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to bind; anything but 127.0.0.1 needs the printed token.")
+    ] = "127.0.0.1",
+    sandbox: Annotated[
+        list[str] | None, typer.Option("--sandbox", help="A sandbox service URL to show (repeatable).")
+    ] = None,
+    sandbox_token: Annotated[
+        str | None, typer.Option("--sandbox-token", help="Its token (default: $CADENCE_SANDBOX_TOKEN or its token file).")
+    ] = None,
+) -> None:
+    """A web page of runs (live charts, the async pipeline, samples and episodes) and sandboxes."""
+    from cadence.dashboard.serve import serve
+
+    serve(runs, host, port, sandbox, sandbox_token)
+
+
 def main() -> None:  # pragma: no cover - entry point for `python -m cadence`
     sys.exit(app())

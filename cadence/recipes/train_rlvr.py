@@ -17,10 +17,13 @@ import torch
 from tqdm import tqdm
 
 from cadence.config import ConfigError, RunConfig, dump_config
+from cadence.dashboard.beside import start_beside
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.report import plot_curves, print_summary
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
+from cadence.observe.run_status import RunStatus
+from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
@@ -83,12 +86,23 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
         )
     progress = {"step": 0}  # the last step finished, for the Ctrl-C message
     workers = None
+    status = progress["status"] = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows
+    status.start()
+    dashboard = start_beside(cfg, run_dir) if cfg.logging.dashboard else None
     try:
         workers = WorkerGroup(cfg)  # engines, rewards and prompts: in-process or Ray actors
-        return _train(cfg, run_dir, workers, resume, progress)
+        summary = _train(cfg, run_dir, workers, resume, progress)
+        status.finish()
+        return summary
     except KeyboardInterrupt:
+        status.interrupted()
         raise TrainingInterrupted(run_dir, progress["step"], latest_checkpoint(run_dir)) from None
+    except Exception as err:
+        status.failed(err)
+        raise
     finally:
+        if dashboard is not None:
+            dashboard.stop()
         if workers is not None:
             with contextlib.suppress(Exception):  # never hide the error that got us here
                 workers.close()
@@ -152,6 +166,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     )
     if eval_before is not None and start_step == 0:
         logger.log(0, eval_before.as_metrics())  # step 0: the policy before any update
+    trace = RunTrace(run_dir, cfg.logging, tokenizer, cfg.rollout.async_ratio, progress["status"])
     workers.start()
     began = time.perf_counter()
     eval_seconds = 0.0  # held-out evaluation inside the loop: not training time
@@ -165,12 +180,16 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     )
     for step in bar:
         t0 = time.perf_counter()
+        trace.waiting(step)
         groups = workers.get_batch(trainer.version)
         waited = time.perf_counter() - t0
+        trace.batch(step, trainer.version, groups)
         metrics = trainer.step(groups)
+        trace.syncing(step)
         t_sync = time.perf_counter()
         workers.update_weights(policy.state_dict(), trainer.version)
         sync_seconds = time.perf_counter() - t_sync
+        trace.stepped(step)
         step_seconds = time.perf_counter() - t0
 
         samples = [s for g in groups for s in g.samples]
@@ -203,6 +222,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         last = step == cfg.trainer.steps
         if (cfg.eval.every and step % cfg.eval.every == 0) or (last and cfg.eval.after):
             t_eval = time.perf_counter()
+            trace.phase("evaluating", step)
             evaluated = workers.evaluate(cfg.eval.samples)
             eval_seconds += time.perf_counter() - t_eval
             metrics.update({**evaluated.as_metrics(), "time/eval": time.perf_counter() - t_eval})
@@ -213,6 +233,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
 
         if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
+            trace.phase("checkpointing", step)
             save_checkpoint(
                 run_dir,
                 step,
@@ -229,6 +250,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
             )
         progress["step"] = step
     bar.close()
+    trace.close()
     seconds = time.perf_counter() - began - eval_seconds
     rollout_metrics = workers.metrics()
     workers.stop()  # no more training rollouts

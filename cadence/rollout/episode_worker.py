@@ -29,9 +29,11 @@ from cadence.inference.config import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
+from cadence.observe.events import Timeline
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.episode import run_episode
+from cadence.rollout.turns import turn_format
 from cadence.rollout.evaluate import EvalResult, pass_at_k
 from cadence.rollout.lockstep import LockstepRollout
 from cadence.rollout.sample import Group
@@ -79,6 +81,8 @@ class EpisodeWorker:
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._born = time.perf_counter()
+        # The pipeline view of `cadence dashboard`: spans of generating / waiting / weight_sync.
+        self.timeline = Timeline(cfg.run_dir() if cfg.logging.events else None, f"rollout-{self.index}")
 
     def _runner(self) -> EnvRunner:
         return EnvRunner.from_config(self.cfg.env)
@@ -111,6 +115,7 @@ class EpisodeWorker:
                 if room > 0:
                     self.rollout.admit(room)
                     self.started_groups += room
+                self.timeline.enter("generating" if self.rollout.in_flight() else "waiting")
                 self._wake.clear()
                 self.rollout.groups_done.clear()
                 woken = [asyncio.ensure_future(e.wait()) for e in (self._wake, self.rollout.groups_done)]
@@ -135,6 +140,7 @@ class EpisodeWorker:
         if new is None:
             return
         state_dict, version = new
+        self.timeline.enter("weight_sync")
         self.hub.update_weights(state_dict, version)
         if self._thread is None:
             self.hub.apply_weights()
@@ -262,3 +268,4 @@ class EpisodeWorker:
 
     def close(self) -> None:
         self.stop()
+        self.timeline.close()

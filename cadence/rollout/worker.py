@@ -36,6 +36,7 @@ from cadence.inference.config import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
+from cadence.observe.events import Timeline
 from cadence.rewards.guard import RewardGuard
 from cadence.rewards.verifiers import build_reward
 from cadence.rollout.buffer import SampleBuffer
@@ -122,6 +123,8 @@ class RolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._born = time.perf_counter()
+        # The pipeline view of `cadence dashboard`: spans of generating / waiting / weight_sync.
+        self.timeline = Timeline(cfg.run_dir() if cfg.logging.events else None, f"rollout-{index}")
 
     @staticmethod
     def _length_sampler(cfg: RunConfig, index: int):
@@ -152,6 +155,7 @@ class RolloutWorker:
                 self.rollout.admit(room)
                 self.started_groups += room
             busy = self.rollout.has_work()
+            self.timeline.enter("generating" if busy else "waiting")
             if busy:
                 self.rollout.poll(self.buffer, self.stats)
         return busy
@@ -181,6 +185,7 @@ class RolloutWorker:
         if new is None:
             return
         state_dict, version = new
+        self.timeline.enter("weight_sync")
         self.hub.update_weights(state_dict, version)
         self.hub.apply_weights()  # between two rounds: nothing is stepping now
         self.version = version
@@ -198,6 +203,8 @@ class RolloutWorker:
             self._check()
             try:
                 batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0 if not self.background else 0.05)
+                if not self.background:
+                    self.timeline.enter("waiting")  # generation pauses while the caller trains
                 self.handed_out += len(batch)
                 self._mark_trained(batch)
                 return batch
@@ -295,3 +302,4 @@ class RolloutWorker:
         self.stop()
         self.reward.close()
         self.rollout.close()
+        self.timeline.close()

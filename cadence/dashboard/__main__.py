@@ -1,0 +1,3 @@
+from cadence.dashboard.serve import main
+
+main()

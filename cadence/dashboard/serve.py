@@ -1,0 +1,41 @@
+"""Serve the dashboard with uvicorn: 127.0.0.1 by default; bound anywhere else, it asks for
+an access token (generated at start and printed in the address)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+
+DEFAULT_PORT = 8484
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(runs: str = "runs", host: str = "127.0.0.1", port: int = DEFAULT_PORT, sandbox: list[str] | None = None,
+          sandbox_token: str | None = None, token: str | None = None, poll_s: float = 1.0) -> None:
+    import uvicorn
+
+    from cadence.dashboard.app import create_app
+    from cadence.dashboard.sandboxes import SandboxService
+
+    if host not in LOOPBACK and not token:
+        token = secrets.token_urlsafe(24)
+    services = [SandboxService(url, sandbox_token) for url in sandbox or []]
+    app = create_app(Path(runs), services, token=token, poll_s=poll_s)
+    address = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
+    print(f"cadence dashboard on {address} (runs under {Path(runs).resolve()})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="cadence dashboard")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--sandbox", action="append", default=[])
+    p.add_argument("--sandbox-token", default=None)
+    p.add_argument("--token", default=None)
+    p.add_argument("--poll-s", type=float, default=1.0)
+    a = p.parse_args(argv)
+    serve(a.runs, a.host, a.port, a.sandbox, a.sandbox_token, a.token, a.poll_s)

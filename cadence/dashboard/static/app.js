@@ -1,0 +1,207 @@
+// cadence dashboard: one page, plain JS, plotly.js; live by one server-sent-event stream.
+"use strict";
+
+// Charts: a title and the metric keys (regular expressions) it draws, first match wins per key.
+const CHARTS = [
+  ["reward", "reward and accuracy", [/^reward\/mean$/, /^reward\/accuracy$/, /^eval\/pass@1$/, /^eval\/success/]],
+  ["lengths", "response length (tokens)", [/^response\/length_(mean|max)$/]],
+  ["losses", "losses", [/^train\/(loss|pg_loss|value_loss|critic_loss|kl_loss)$/]],
+  ["kl", "KL", [/^train\/(approx_kl|kl|kl_mean|mismatch_kl)$/]],
+  ["entropy", "entropy", [/^train\/entropy$/]],
+  ["grad", "grad norm", [/^train\/grad_norm$/]],
+  ["samples", "samples/s", [/^perf\/samples_per_s$/]],
+  ["tokens", "tokens/s", [/^perf\/tokens_per_s$/]],
+  ["stale", "staleness (versions behind)", [/^train\/staleness_(mean|max)$/]],
+];
+const LAYOUT = { margin: { l: 48, r: 10, t: 28, b: 30 }, legend: { orientation: "h", y: -0.18, font: { size: 10 } },
+                 font: { size: 11 }, xaxis: { title: { text: "step", standoff: 2 } } };
+const CONFIG = { displaylogo: false, responsive: true };
+const COLORS = { generating: "#3d8bfd", waiting: "#c9ced8", training: "#e8743b", weight_sync: "#9b59b6",
+                 evaluating: "#19a979", checkpointing: "#7f8c8d", logging: "#e6d36a" };
+
+const state = { run: null, keys: {}, rows: 0, gen: 0, source: null, tab: "charts", group: null };
+const $ = (id) => document.getElementById(id);
+const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+const fmt = (v, d = 3) => (v === null || v === undefined ? "" : typeof v === "number" ? +v.toFixed(d) : v);
+const api = async (path) => { const r = await fetch(path); if (!r.ok) throw new Error(`${path}: ${r.status}`); return r.json(); };
+
+// ---- runs list ------------------------------------------------------------------------
+function renderRuns(runs) {
+  $("runs-empty").hidden = runs.length > 0;
+  $("runs-table").querySelector("tbody").innerHTML = runs.map((r) =>
+    `<tr data-run="${esc(r.name)}" class="${r.name === state.run ? "sel" : ""}" title="${esc(r.error || "")}">
+      <td>${esc(r.name)}</td><td><span class="state ${esc(r.state)}">${esc(r.state)}</span></td>
+      <td>${r.step}${r.steps ? "/" + r.steps : ""}</td><td>${fmt(r.reward)}</td></tr>`).join("");
+  const mine = runs.find((r) => r.name === state.run);
+  if (mine) showStatus(mine);
+}
+$("runs-table").addEventListener("click", (e) => {
+  const tr = e.target.closest("tr[data-run]");
+  if (tr) location.hash = "#/run/" + encodeURIComponent(tr.dataset.run);
+});
+
+function showStatus(r) {
+  const el = $("run-state");
+  if (el.textContent !== r.state) { el.textContent = r.state; el.className = "state " + r.state; if (r.state !== "running") loadDetails(); }
+  $("run-step").textContent = `step ${r.step}${r.steps ? " of " + r.steps : ""}`;
+}
+
+// ---- one run ------------------------------------------------------------------------
+async function openRun(name) {
+  state.run = name; state.rows = 0; state.gen = 0; state.keys = {}; state.group = null;
+  $("home").hidden = true; $("sandbox-view").hidden = true; $("run-view").hidden = false;
+  $("run-name").textContent = name; $("run-state").textContent = ""; $("run-error").hidden = true;
+  document.querySelectorAll("#runs-table tr").forEach((tr) => tr.classList.toggle("sel", tr.dataset.run === name));
+  await loadCharts();
+  loadDetails();
+  showTab(state.tab);
+  connect();
+}
+
+async function loadCharts() {
+  const data = await api(`/api/runs/${encodeURIComponent(state.run)}/metrics`);
+  state.rows = data.rows; state.gen = data.generation;
+  const keys = Object.keys(data.series);
+  $("charts").innerHTML = "";
+  for (const [id, title, patterns] of CHARTS) {
+    const mine = keys.filter((k) => patterns.some((p) => p.test(k)));
+    if (!mine.length && id !== "reward") continue;
+    const div = document.createElement("div"); div.id = "chart-" + id; $("charts").appendChild(div);
+    state.keys[id] = mine;
+    const traces = mine.map((k) => ({ x: data.series[k].x, y: data.series[k].y, name: k, mode: "lines", type: "scatter" }));
+    Plotly.newPlot(div, traces, { ...LAYOUT, title: { text: title, font: { size: 12 } } }, CONFIG);
+  }
+}
+
+function addRows(rows) {
+  for (const [id, keys] of Object.entries(state.keys)) {
+    const div = $("chart-" + id); if (!div) continue;
+    const xs = keys.map(() => []), ys = keys.map(() => []);
+    for (const row of rows) keys.forEach((k, i) => { if (k in row) { xs[i].push(row.step); ys[i].push(row[k]); } });
+    const idx = keys.map((_, i) => i).filter((i) => xs[i].length);
+    if (idx.length) Plotly.extendTraces(div, { x: idx.map((i) => xs[i]), y: idx.map((i) => ys[i]) }, idx);
+    const fresh = [...new Set(rows.flatMap(Object.keys))].filter((k) => !keys.includes(k) && CHARTS.find((c) => c[0] === id)[2].some((p) => p.test(k)));
+    if (fresh.length) return loadCharts(); // a key that first appears now (eval/pass@1 at an eval step)
+  }
+}
+
+async function loadDetails() {
+  const d = await api(`/api/runs/${encodeURIComponent(state.run)}`);
+  const st = d.status || {};
+  $("run-state").textContent = st.state || "unknown"; $("run-state").className = "state " + (st.state || "");
+  $("run-error").hidden = !st.error;
+  $("run-error-text").textContent = st.error || "";
+  $("run-traceback").textContent = st.traceback || "";
+  const s = d.summary;
+  $("details").innerHTML =
+    (s ? `<div class="card"><b>summary</b><pre>${esc(JSON.stringify(s, null, 2))}</pre></div>` : "") +
+    `<div class="card"><b>checkpoints</b> ${d.checkpoints.map(esc).join(", ") || "<span class=muted>none</span>"}</div>` +
+    (d.reward_errors ? `<div class="card"><b class="fail">reward errors</b><pre>${esc(d.reward_errors)}</pre></div>` : "") +
+    (d.resume_changes ? `<div class="card"><b>resume changes</b><pre>${esc(d.resume_changes)}</pre></div>` : "") +
+    `<div class="card"><b>config.yaml</b><pre>${esc(d.config || "")}</pre></div>`;
+}
+
+// ---- pipeline --------------------------------------------------------------------------
+async function loadPipeline() {
+  const t = await api(`/api/runs/${encodeURIComponent(state.run)}/timeline?last_s=120`);
+  const actors = Object.keys(t.spans).sort((a, b) => (a === "trainer") - (b === "trainer") || a.localeCompare(b));
+  const byState = {};
+  for (const a of actors) for (const s of t.spans[a]) {
+    (byState[s.state] ||= { x: [], base: [], y: [], text: [] });
+    const b = byState[s.state];
+    b.base.push((s.t0 - t.now)); b.x.push(s.t1 - s.t0); b.y.push(a); b.text.push(s.step !== undefined ? `step ${s.step}` : "");
+  }
+  const bars = Object.entries(byState).map(([name, b]) => ({ type: "bar", orientation: "h", name, ...b,
+    marker: { color: COLORS[name] || "#888" }, textposition: "none", hovertemplate: "%{y} " + name + " %{x:.3f}s %{text}<extra></extra>" }));
+  Plotly.react("timeline", bars, { ...LAYOUT, barmode: "overlay", title: { text: "pipeline timeline (seconds before the latest event)", font: { size: 12 } },
+    xaxis: { title: { text: "s" } }, yaxis: { categoryorder: "array", categoryarray: actors }, legend: { orientation: "h", y: -0.2 } }, CONFIG);
+  const ks = Object.keys(t.staleness);
+  const shapes = t.alpha === null ? [] : [{ type: "line", x0: t.alpha + 0.5, x1: t.alpha + 0.5, yref: "paper", y0: 0, y1: 1, line: { color: "#a1231b", dash: "dash" } }];
+  Plotly.react("staleness", [{ type: "bar", x: ks.map(Number), y: ks.map((k) => t.staleness[k]), marker: { color: "#3d8bfd" } }],
+    { ...LAYOUT, shapes, title: { text: `staleness of trained samples (alpha = ${t.alpha ?? "?"})`, font: { size: 12 } }, xaxis: { title: { text: "versions behind", standoff: 2 }, dtick: 1 } }, CONFIG);
+  const m = await api(`/api/runs/${encodeURIComponent(state.run)}/metrics?keys=buffer/depth_groups,rollout/in_flight_groups,rollout/engine_busy_fraction&max_points=1000`);
+  const line = (k) => ({ x: m.series[k].x, y: m.series[k].y, name: k, mode: "lines" });
+  Plotly.react("queue", ["buffer/depth_groups", "rollout/in_flight_groups"].filter((k) => m.series[k].x.length).map(line),
+    { ...LAYOUT, title: { text: "queue depth (groups)", font: { size: 12 } } }, CONFIG);
+  Plotly.react("busy", [line("rollout/engine_busy_fraction")], { ...LAYOUT, title: { text: "engine busy fraction", font: { size: 12 } }, yaxis: { range: [0, 1] } }, CONFIG);
+}
+
+// ---- samples and episodes -----------------------------------------------------------------
+async function loadGroups() {
+  const groups = await api(`/api/runs/${encodeURIComponent(state.run)}/samples`);
+  $("groups").innerHTML = groups.length ? groups.map((g) =>
+    `<div class="item" data-step="${g.step}" data-group="${g.group_id}"><b>step ${g.step}</b> group ${g.group_id}
+      ${g.turns > 1 ? `<span class="muted">${g.turns} turns</span>` : ""}<br>
+      <span class="prompt">${esc(g.prompt.slice(0, 80))}</span><br>
+      <span class="muted">rewards ${g.rewards.map((r) => fmt(r, 2)).join(" ")} · versions ${[...new Set(g.versions)].join(",")}</span></div>`).join("")
+    : `<p class="muted">no samples logged (logging.samples_every=0?)</p>`;
+}
+$("groups").addEventListener("click", async (e) => {
+  const it = e.target.closest(".item"); if (!it) return;
+  document.querySelectorAll("#groups .item").forEach((x) => x.classList.toggle("sel", x === it));
+  const samples = await api(`/api/runs/${encodeURIComponent(state.run)}/samples/${it.dataset.step}/${it.dataset.group}`);
+  $("group").innerHTML = `<div class="card"><b>prompt</b><div class="prompt">${esc(samples[0].prompt)}</div></div>` +
+    samples.map((s) => `<div class="sample"><div class="meta">#${s.index} · reward <b>${fmt(s.reward)}</b> · version ${s.version}` +
+      `${s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${esc(s.finish_reason)}` +
+      `${s.reward_error ? ` · <span class="fail">${esc(s.reward_error)}</span>` : ""}</div>` +
+      s.turns.map((t) => `<div class="turn ${t.role}">` + (t.role === "env" ? esc(t.tokens.join("")) :
+        t.tokens.map((tok, i) => `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("")) + "</div>").join("") +
+      "</div>").join("") +
+    `<p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`;
+});
+
+// ---- sandboxes ------------------------------------------------------------------------------
+function renderSandboxes(services) {
+  if (!services.length) return;
+  $("nav-sandboxes").hidden = false;
+  if (location.hash !== "#/sandboxes") return;
+  const age = (s) => s < 120 ? `${s.toFixed(0)} s` : `${(s / 60).toFixed(1)} min`;
+  $("sandbox-view").innerHTML = services.map((svc) => !svc.ok ? `<div class="card fail">${esc(svc.url)}: ${esc(svc.error)}</div>` :
+    `<div class="card"><b>${esc(svc.url)}</b> <span class="muted">${Object.entries(svc.counts).map(([k, v]) => `${k} ${v}`).join(" · ")}</span>
+    <table class="boxes"><thead><tr><th>sandbox</th><th>state</th><th>generation</th><th>age</th><th>idle</th><th>calls</th><th>restarts</th><th>limits (cpu · memory · processes)</th><th>last reason</th></tr></thead><tbody>
+    ${svc.sandboxes.map((b) => `<tr data-sandbox="${esc(b.id)}"><td>${esc(b.id)}</td><td><span class="state">${esc(b.state)}</span></td><td>${b.generation}</td>
+      <td>${age(b.age_s)}</td><td>${age(b.idle_s)}</td><td>${b.execs}</td><td class="restarts">${b.replacements}</td>
+      <td>${b.limits.cpu_s} s/call · ${b.limits.memory_mb} MB · ${b.limits.processes} procs</td><td>${esc(b.last_reason)}</td></tr>`).join("")}</tbody></table></div>
+    <div class="card"><b>recent failures</b>${svc.failures.map((e) => `<div class="fail">${new Date(e.ts * 1000).toLocaleTimeString()} ${esc(e.sandbox_id)} gen ${e.generation}: ${esc(e.state)}: ${esc(e.reason)}</div>`).join("") || " <span class=muted>none</span>"}</div>
+    <div class="card"><b>event log</b><pre class="events">${svc.events.map((e) => `${new Date(e.ts * 1000).toLocaleTimeString()} ${e.sandbox_id} g${e.generation} ${e.state}: ${e.reason}`).map(esc).join("\n")}</pre></div>`).join("");
+}
+
+// ---- live updates ---------------------------------------------------------------------------
+function connect() {
+  if (state.source) state.source.close();
+  const q = state.run ? `?run=${encodeURIComponent(state.run)}&rows=${state.rows}&gen=${state.gen}` : "";
+  const src = state.source = new EventSource("/api/stream" + q);
+  src.onopen = () => { $("conn").textContent = "live"; };
+  src.onerror = () => { $("conn").textContent = "reconnecting"; };
+  src.addEventListener("runs", (e) => renderRuns(JSON.parse(e.data)));
+  src.addEventListener("reset", () => loadCharts());
+  src.addEventListener("rows", (e) => { const d = JSON.parse(e.data); state.rows += d.rows.length; addRows(d.rows); });
+  src.addEventListener("timeline", () => { if (state.tab === "pipeline") loadPipeline(); });
+  src.addEventListener("samples", () => { if (state.tab === "samples") loadGroups(); });
+  src.addEventListener("sandboxes", (e) => renderSandboxes(JSON.parse(e.data)));
+}
+
+function showTab(tab) {
+  state.tab = tab;
+  document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("on", b.dataset.tab === tab));
+  for (const t of ["charts", "pipeline", "samples", "config"]) $("tab-" + t).hidden = t !== tab;
+  if (tab === "pipeline") loadPipeline();
+  if (tab === "samples") loadGroups();
+  if (tab === "charts") window.dispatchEvent(new Event("resize"));
+}
+$("tabs").addEventListener("click", (e) => { if (e.target.dataset.tab) showTab(e.target.dataset.tab); });
+
+async function route() {
+  const m = location.hash.match(/^#\/run\/(.+)$/);
+  if (m) return openRun(decodeURIComponent(m[1]));
+  state.run = null;
+  $("run-view").hidden = true;
+  $("home").hidden = location.hash === "#/sandboxes";
+  $("sandbox-view").hidden = location.hash !== "#/sandboxes";
+  if (location.hash === "#/sandboxes") renderSandboxes(await api("/api/sandboxes"));
+  connect();
+}
+window.addEventListener("hashchange", route);
+api("/api/runs").then(renderRuns);
+api("/api/sandboxes").then((s) => { if (s.length) $("nav-sandboxes").hidden = false; });
+route();
