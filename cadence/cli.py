@@ -14,9 +14,11 @@ import typer
 
 from cadence.config import ConfigError, RunConfig, load_config
 from cadence.sandbox.cli import app as sandbox_app
+from cadence.simulate.cli import app as simulate_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="cadence: RL post-training for LLMs.")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(simulate_app, name="simulate")
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Overrides like trainer.lr=3e-4.")]
