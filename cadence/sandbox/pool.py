@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cadence.sandbox import cgroup
 from cadence.sandbox.events import EventLog
 from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
 from cadence.sandbox.sandbox import LocalSandbox
@@ -52,6 +53,10 @@ class SandboxInfo(BaseModel):
     last_reason: str
     limits: Limits
     isolated: bool
+    pid: int | None = Field(None, description="the agent's host pid (None while starting)")
+    cpu_s: float | None = Field(None, description="CPU seconds used by this generation (cgroup; None without)")
+    memory_mb: float | None = Field(None, description="memory held now, files in its tmpfs included (cgroup)")
+    processes: int | None = Field(None, description="processes now, bwrap's included (cgroup)")
 
 
 class PoolFull(SandboxError):
@@ -77,7 +82,8 @@ class Slot:
         return SandboxInfo(id=self.id, state=self.state, generation=self.generation,
                            created_at=self.created_at, last_used=self.last_used, execs=self.execs,
                            replacements=self.replacements, last_reason=self.last_reason,
-                           limits=self.box.limits, isolated=self.box.isolated)
+                           limits=self.box.limits, isolated=self.box.isolated, pid=self.box.agent_pid,
+                           **self.box.usage())
 
 
 class Pool:
@@ -88,6 +94,7 @@ class Pool:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sandbox-start")
+        cgroup.sweep_stale()  # what a crashed service left
         for sid, state in self.events.last_states().items():  # history from before a restart
             if state != "dead":
                 self.events.record(sid, -1, "dead", "service restarted (sandboxes die with their service)")

@@ -24,6 +24,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from cadence.sandbox.cgroup import SandboxCgroup
 from cadence.sandbox.isolation import launch
 from cadence.sandbox.models import (
     ExecRequest,
@@ -66,6 +67,8 @@ class LocalSandbox:
         self.start_s = 0.0
         self._lock = threading.Lock()
         self._workspace_host: str | None = None
+        self.cgroup: SandboxCgroup | None = None
+        self.agent_pid: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalSandbox:
@@ -78,6 +81,10 @@ class LocalSandbox:
             subprocess.Popen, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         ).result()
+        # Into its cgroup before the agent has its source, so before anything in it can fork.
+        self.cgroup = SandboxCgroup.create(self.id, self.limits.memory_mb << 20)
+        if self.cgroup is not None:
+            self.cgroup.add_tree(self.proc.pid)
         try:
             cfg = marshal.dumps(spec.config, 4)
             self.proc.stdin.write(spec.preamble + struct.pack(">I", len(cfg)) + cfg)
@@ -90,6 +97,7 @@ class LocalSandbox:
                 raise IsolationUnavailable(f"bubblewrap could not start a sandbox: {err}") from e
             raise SandboxDied(f"sandbox {self.id} did not start: {err or e}") from e
         self.pid = hello["pid"]
+        self.agent_pid = self.agent_host_pid()
         self.started_at = time.time()
         self.start_s = time.perf_counter() - t0
         return self
@@ -123,6 +131,9 @@ class LocalSandbox:
             proc.wait()
             for f in (proc.stdin, proc.stdout):
                 f.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         if getattr(self, "_err", None) is not None:
             self._err.close()
             self._err = None
@@ -147,12 +158,25 @@ class LocalSandbox:
         if (request.cmd is None) == (request.code is None):
             raise SandboxError("exec: give exactly one of cmd or code")
         timeout = request.timeout_s or self.limits.wall_s
+        cgroup = self.cgroup
+        ooms = cgroup.oom_kills() if cgroup is not None else 0
         resp = self._call({
             "op": "exec", "cmd": request.cmd, "code": request.code, "stdin": request.stdin,
             "session": request.session, "env": request.env, "timeout": timeout,
             "cpu_s": min(self.limits.cpu_s, timeout + 1),
         }, timeout, grace=grace_s)
+        if resp["limit"] is None and cgroup is not None and cgroup.oom_kills() > ooms:
+            resp["limit"] = "memory"  # the kernel killed a process of this sandbox at memory_mb
         return ExecResult(**resp)
+
+    def usage(self) -> dict[str, float | int | None]:
+        """CPU seconds, memory (MiB) and processes of the whole sandbox: from its cgroup, None
+        without one."""
+        cg = self.cgroup
+        mem = cg.memory_bytes() if cg is not None else None
+        return {"cpu_s": cg.cpu_s() if cg is not None else None,
+                "memory_mb": None if mem is None else round(mem / (1 << 20), 1),
+                "processes": cg.processes() if cg is not None else None}
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
         raw = data.encode() if isinstance(data, str) else data

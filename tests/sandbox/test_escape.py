@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 import cadence.sandbox.isolation as isolation
-from cadence.sandbox import Limits, LocalSandbox, SandboxDied
+from cadence.sandbox import Limits, LocalSandbox, SandboxDied, cgroup
 from tests.sandbox.conftest import needs_bwrap
 
 pytestmark = needs_bwrap
@@ -126,6 +126,31 @@ def test_memory_bomb(escape_box):
     assert r.limit == "memory"
     r = escape_box.exec("python3 -c 'x = \"a\" * (1 << 34)'")
     assert r.exit_code != 0
+
+
+# Each process stays under its own RLIMIT_AS (256 MiB); together they would hold 600 MiB.
+SPREAD_BOMB = """
+import os, time
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        x = b'x' * (150 << 20)
+        time.sleep(0.5)
+        os._exit(0)
+    kids.append(pid)
+print(sum(os.waitpid(k, 0)[1] != 0 for k in kids))
+"""
+
+
+@pytest.mark.skipif(not cgroup.available(), reason="needs a writable memory cgroup (cgroup v1 here)")
+def test_memory_bomb_spread_over_processes(escape_box):
+    """Many processes, each under the per-process limit: the sandbox's cgroup holds their total
+    to memory_mb, and the kernel kills processes of this sandbox only."""
+    r = escape_box.exec(code=SPREAD_BOMB, timeout_s=20)
+    assert r.limit == "memory" and int(r.stdout) >= 1, r
+    usage = escape_box.usage()
+    assert usage["memory_mb"] < LIMITS.memory_mb and usage["cpu_s"] > 0 and usage["processes"] >= 2
 
 
 def test_disk_filling_write(escape_box):
