@@ -140,11 +140,13 @@ class SokobanEnv:
     action_tag = "answer"
 
     def __init__(
-        self, width: int = 7, height: int = 7, boxes: int | None = None, max_moves: int = 30
+        self, width: int = 7, height: int = 7, boxes: int | None = None, max_moves: int = 30, rules: bool = True
     ) -> None:
+        """`rules=False`: the first observation is the room alone (for a small model trained on the game)."""
         if width < 4 or height < 4 or (boxes is not None and boxes < 1):
             raise ValueError("sokoban needs width, height >= 4 and boxes >= 1 (or null: 1-2)")
         self.width, self.height, self.boxes, self.max_moves = width, height, boxes, max_moves
+        self.rules = rules
         self.level: Level | None = None
         self.player: Cell = (0, 0)
         self.box_cells: frozenset[Cell] = frozenset()
@@ -158,7 +160,8 @@ class SokobanEnv:
             seed, self.width, self.height, self.boxes, self.max_moves
         )
         self.player, self.box_cells = self.level.player, self.level.boxes
-        return f"{RULES}\n{self.render()}", {"optimal_steps": optimal}
+        first = f"{RULES}\n{self.render()}" if self.rules else self.render()
+        return first, {"optimal_steps": optimal}
 
     def step(self, action: str) -> StepReturn:
         assert self.level is not None, "reset() first"
