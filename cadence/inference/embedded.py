@@ -53,8 +53,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cadence.inference.endings import eos_ids, finish_reason, first_int, response_text, stop_window
 from cadence.inference.kv_cache import SlotKVCache, full_attention_layers
-from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts
+from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts, prefill_groups
 from cadence.inference.sampling import sample, token_logprobs
+from cadence.inference.slots import SlotInputs
 from cadence.inference.types import (
     FinishReason,
     GenRequest,
@@ -108,13 +109,7 @@ class EmbeddedEngine:
         self._running: list[_Seq] = []  # in admission order, the order rows are sampled in
         self._cache = SlotKVCache(num_layers, max_rows=max_batch_size, device=self.device)
         self._holes: list[int] = []  # released slots below cache.rows, to be reused
-        # Per slot: last sampled token (not yet in the cache), position of that token, whether a
-        # request holds the slot, sampling settings. Sized to the cache's row capacity.
-        self._last = self._long((0,))
-        self._pos = self._long((0,))
-        self._alive = self._long((0,))
-        self._temp = torch.zeros(0, device=self.device)
-        self._top_p = torch.ones(0, device=self.device)
+        self._in = SlotInputs(self.pad_id, self.device)  # sized to the cache's row capacity
         self._order: tuple[Tensor, Tensor, Tensor] | None = None  # slots, temp, top_p of _running
         self._order_stale = True
         self._held: list[GenResult] = []  # finished outside a `generate` call that ran them
@@ -257,20 +252,10 @@ class EmbeddedEngine:
 
     # ---- the batch ------------------------------------------------------
 
-    def _long(self, shape: tuple[int, ...]) -> Tensor:
-        return torch.zeros(shape, dtype=torch.long, device=self.device)
-
     def _reserve(self, rows: int, width: int) -> None:
-        """Room in the cache (and the per-slot tensors) for `rows` slots and `width` columns."""
+        """Room in the cache (and the per-slot inputs) for `rows` slots and `width` columns."""
         self._cache.reserve(rows, width)
-        cap, have = self._cache.row_capacity, self._last.shape[0]
-        if cap > have:
-            more = cap - have
-            self._last = torch.cat([self._last, self._long((more,)).fill_(self.pad_id)])
-            self._pos = torch.cat([self._pos, self._long((more,))])
-            self._alive = torch.cat([self._alive, self._long((more,))])
-            self._temp = torch.cat([self._temp, self._temp.new_zeros(more)])
-            self._top_p = torch.cat([self._top_p, self._top_p.new_ones(more)])
+        self._in.grow(self._cache.row_capacity)
 
     def _sampling_order(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """Slots of the running rows in admission order, with their temperatures and top-p.
@@ -283,18 +268,18 @@ class EmbeddedEngine:
                 self._order = None
             else:
                 index = torch.tensor(slots, device=self.device)
-                self._order = (index, self._temp[index], self._top_p[index])
+                self._order = (index, self._in.temp[index], self._in.top_p[index])
             self._order_stale = False
         return self._order
 
     def _decode(self) -> tuple[Tensor, Tensor]:
         """One forward for every slot: feed the last token, sample the next for the running rows."""
-        cache, n = self._cache, self._cache.rows
+        cache, n, inputs = self._cache, self._cache.rows, self._in
         self._reserve(n, cache.width)  # a free column for this step
         out = self.model(
-            input_ids=self._last[:n, None],
+            input_ids=inputs.last[:n, None],
             attention_mask=cache.decode_mask(),
-            position_ids=self._pos[:n, None],
+            position_ids=inputs.pos[:n, None],
             past_key_values=cache,
             use_cache=True,
         )
@@ -302,25 +287,26 @@ class EmbeddedEngine:
         logits = out.logits[:, -1]
         order = self._sampling_order()
         if order is None:
-            tokens, logprobs = self._sample(logits, self._temp[:n], self._top_p[:n])
-            self._last[:n] = tokens
+            tokens, logprobs = self._sample(logits, inputs.temp[:n], inputs.top_p[:n])
+            inputs.last[:n] = tokens
         else:
             index, temp, top_p = order
             tokens, logprobs = self._sample(logits[index], temp, top_p)
-            self._last[index] = tokens
-        self._pos[:n] += self._alive[:n]  # released slots stay at position 0
+            inputs.last[index] = tokens
+        inputs.pos[:n] += inputs.alive[:n]  # released slots stay at position 0
         self._stats["decode_steps"] += 1
         return tokens, logprobs
 
     def _fill_slots(
         self, contexts: list[list[int]], slots: list[int], pasts: list[CachedPrefix] | None = None
-    ) -> Tensor:
+    ) -> tuple[Tensor, int]:
         """One forward over `contexts`, writing their keys and values into `slots`.
 
         With `pasts` (the cached keys and values of each context's first
         tokens) the forward covers only the last `new` columns, `new` the
         longest uncached suffix; the rest of each row is copied in. Returns
-        each context's last logits [len(contexts), V].
+        each context's last logits [len(contexts), V] and how many of their
+        tokens went through the model.
         """
         lengths = [len(c) for c in contexts]
         width = max(lengths)
@@ -337,7 +323,6 @@ class EmbeddedEngine:
         for slot, n, past in zip(slots, lengths, pasts or [], strict=False):
             kept = past.head(max(n - new, 0))  # the rest of the row goes through the forward
             self._cache.place_row(slot, kept.keys, kept.values, end=self._cache.hi - new)
-        self._stats["prefill_tokens"] += sum(min(n, new) for n in lengths)
         with self._cache.prefilling(slots, mask, past=width - new):
             out = self.model(
                 input_ids=ids,
@@ -347,18 +332,14 @@ class EmbeddedEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        return out.logits[:, -1]
+        return out.logits[:, -1], sum(min(n, new) for n in lengths)
 
     def _set_slots(
         self, slots: list[int], last: Tensor, reqs: list[GenRequest], pos: list[int]
     ) -> None:
         """Per-slot state of rows that just got their cache: next input, its position, sampling."""
-        index = torch.tensor(slots, device=self.device)
-        self._last[index] = last
-        self._pos[index] = torch.tensor(pos, device=self.device)
-        self._alive[index] = 1
-        self._temp[index] = torch.tensor([r.params.temperature for r in reqs], device=self.device)
-        self._top_p[index] = torch.tensor([r.params.top_p for r in reqs], device=self.device)
+        temp, top_p = [r.params.temperature for r in reqs], [r.params.top_p for r in reqs]
+        self._in.set(slots, last, pos, temp, top_p)
         self._order_stale = True
 
     def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
@@ -376,19 +357,16 @@ class EmbeddedEngine:
         del self._holes[: len(reqs)]
         rows = self._cache.rows
         free = reused + list(range(rows, rows + len(reqs) - len(reused)))
-        fresh = [i for i, p in enumerate(pasts) if p is None]
-        again = [i for i, p in enumerate(pasts) if p is not None]
-        slots = [0] * len(reqs)  # each group takes the next free slots, so no forward leaves a gap
-        for i, slot in zip(fresh + again, free, strict=True):
-            slots[i] = slot
-        logits = None
-        for group, group_pasts in ((fresh, None), (again, [pasts[i] for i in again])):
-            if group:
-                part = self._fill_slots(
-                    [reqs[i].prompt_ids for i in group], [slots[i] for i in group], group_pasts
-                )
-                logits = part.new_empty((len(reqs), part.shape[1])) if logits is None else logits
-                logits[group] = part
+        slots, logits = [0] * len(reqs), None
+        for group, group_slots, group_pasts in prefill_groups(pasts, free):
+            part, computed = self._fill_slots(
+                [reqs[i].prompt_ids for i in group], group_slots, group_pasts
+            )
+            self._stats["prefill_tokens"] += computed
+            logits = part.new_empty((len(reqs), part.shape[1])) if logits is None else logits
+            logits[group] = part
+            for i, slot in zip(group, group_slots, strict=True):
+                slots[i] = slot
         temp = torch.tensor([r.params.temperature for r in reqs], device=self.device)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=self.device)
         tokens, logprobs = self._sample(logits, temp, top_p)
@@ -416,9 +394,7 @@ class EmbeddedEngine:
         contexts = [seq.req.prompt_ids + seq.tokens[:-1] for seq in seqs]
         self._cache.truncate(0)
         self._holes = []
-        self._alive.zero_()
-        self._pos.zero_()
-        self._last.fill_(self.pad_id)
+        self._in.kill()
         slots = list(range(len(seqs)))
         for seq, slot in zip(seqs, slots, strict=True):
             seq.slot = slot
@@ -447,18 +423,13 @@ class EmbeddedEngine:
         if not self._running:  # nothing left: start the next batch from an empty cache
             self._cache.truncate(0)
             self._holes = []
-            self._alive.zero_()
-            self._pos.zero_()
-            self._last.fill_(self.pad_id)
+            self._in.kill()
             return
-        index = torch.tensor(slots, device=self.device)
         self._cache.release(slots)
-        self._alive[index] = 0
-        self._pos[index] = 0
-        self._last[index] = self.pad_id
+        self._in.kill(torch.tensor(slots, device=self.device))
         self._holes += slots
         # Rows are left-padded, so the longest row decides how many columns are needed.
-        self._cache.trim(int(self._pos.max()))  # real tokens in the cache of the longest row
+        self._cache.trim(int(self._in.pos.max()))  # real tokens in the cache of the longest row
 
     def _close_holes(self, keep: int) -> None:
         """Leave at most `keep` holes (this step's admissions fill them); close the rest.
@@ -485,14 +456,8 @@ class EmbeddedEngine:
             seq.slot = hole
         if dst:
             self._cache.move(dst, src)
-            d = torch.tensor(dst, device=self.device)
-            s = torch.tensor(src, device=self.device)
-            for t in (self._last, self._pos, self._alive, self._temp, self._top_p):
-                t[d] = t[s]
-        tail = slice(rows, self._cache.rows)
-        self._alive[tail] = 0
-        self._pos[tail] = 0
-        self._last[tail] = self.pad_id
+            self._in.move(dst, src)
+        self._in.kill(slice(rows, self._cache.rows))
         self._cache.truncate(rows)
         self._holes = holes
         self._order_stale = True

@@ -125,3 +125,20 @@ class RetainedContexts:
     def clear(self) -> None:
         self.stats["retained_dropped"] += len(self._entries)
         self._entries.clear()
+
+
+def prefill_groups(
+    pasts: list[CachedPrefix | None], free: list[int]
+) -> list[tuple[list[int], list[int], list[CachedPrefix] | None]]:
+    """Split admitted requests into a forward of fresh prompts and one of continued turns.
+
+    `pasts[i]` is request i's cached prefix (None: fresh). Returns, per
+    non-empty group, (request indices, their slots, their pasts or None).
+    Each group takes the next of the `free` slots in turn, so neither forward
+    leaves a gap in the cache's rows.
+    """
+    fresh = [i for i, p in enumerate(pasts) if p is None]
+    again = [i for i, p in enumerate(pasts) if p is not None]
+    cut = len(fresh)
+    groups = [(fresh, free[:cut], None), (again, free[cut:], [pasts[i] for i in again])]
+    return [g for g in groups if g[0]]

@@ -176,3 +176,34 @@ def test_misuse_is_refused():
     with pytest.raises(RuntimeError):  # prompt wider than the reserved window
         with cache.prefilling([0], torch.ones(1, 4, dtype=torch.long)):
             pass
+
+
+def test_a_row_read_out_is_placed_back_and_a_prefill_attends_to_it():
+    gen = torch.Generator().manual_seed(4)
+    cache = SlotKVCache(LAYERS, max_rows=3, min_columns=8)
+    cache.reserve(2, 4)
+    prefill(cache, [0, 1], torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), gen)
+    decode(cache, gen)
+    keys, values = cache.read_row(0, 4)  # row 0: 3 prompt tokens + 1 decoded
+    assert keys.shape == (LAYERS, HEADS, 4, DIM)
+    assert torch.equal(keys[1], cache.layers[1].keys[0, :, cache.hi - 4 : cache.hi])
+    with pytest.raises(ValueError):
+        cache.read_row(0, cache.width + 1)
+
+    # Slot 2 continues row 0: its first 3 tokens copied in, 2 new ones through the "forward".
+    cache.reserve(3, 5)
+    cache.place_row(2, keys[:, :, :3], values[:, :, :3], end=cache.hi - 2)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    with cache.prefilling([2], mask, past=3):
+        assert cache.get_seq_length() == 3 and cache.get_mask_sizes(2, 0) == (5, 0)
+        for layer in range(LAYERS):
+            k, v = states(1, 2, gen)
+            out_k, out_v = cache.update(k, v, layer)
+            assert torch.equal(out_k[0], torch.cat([keys[layer, :, :3], k[0]], dim=-2))
+            assert torch.equal(out_v[0], torch.cat([values[layer, :, :3], v[0]], dim=-2))
+    window = slice(cache.lo, cache.hi)
+    assert cache.mask[2, window].tolist() == [0] * (cache.width - 5) + [1] * 5
+    assert not cache.layers[0].keys[2, :, cache.lo : cache.hi - 5].isnan().any()  # padding zeroed
+    with pytest.raises(ValueError):  # nothing left to compute
+        with cache.prefilling([2], mask, past=5):
+            pass
