@@ -6,6 +6,8 @@ Reward names:
 * ``"exact_match"``: extracted answer == gold, after stripping whitespace.
 * ``"math_verify"``: math-verify equivalence (``1/2`` == ``0.5`` == ``\\frac{1}{2}``).
 * ``"reasoning_gym"``: the reasoning-gym dataset's own scorer (partial credit possible).
+* ``"unit_tests"``: the response's code against the task's tests (a list per row), run in a
+  sandbox; settings under ``reward.unit_tests`` (cadence/rewards/unit_tests.py).
 * ``"python:pkg.module:fn"`` or ``"python:/path/to/file.py:fn"``: a user function
   ``fn(prompt: Prompt, response: str) -> float``; checked (imported) at load time.
 
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-BUILTIN_REWARDS = ("exact_match", "math_verify", "reasoning_gym")
+from cadence.rewards.unit_tests import UnitTestsConfig
+
+BUILTIN_REWARDS = ("exact_match", "math_verify", "reasoning_gym", "unit_tests")
 PYTHON_PREFIX = "python:"
 
 
@@ -45,6 +49,19 @@ class RewardConfig(BaseModel):
         "it), 'first_line' (first non-empty line), 'answer_tag' (last <answer>...</answer>, "
         "else all of it), or 'auto' (the task's convention). python: rewards get the raw text.",
     )
+    unit_tests: UnitTestsConfig = Field(
+        default_factory=UnitTestsConfig, description="Settings of reward.name 'unit_tests'."
+    )
+
+    @model_validator(mode="after")
+    def _check_unit_tests(self) -> RewardConfig:
+        if self.name == "unit_tests" and self.timeout_s <= self.unit_tests.test_timeout_s:
+            raise ValueError(
+                f"reward.timeout_s ({self.timeout_s:g}) must exceed reward.unit_tests.test_timeout_s "
+                f"({self.unit_tests.test_timeout_s:g}): the guard would stop the scoring before a test "
+                "ends; raise reward.timeout_s to cover every test of a prompt"
+            )
+        return self
 
     @field_validator("name")
     @classmethod

@@ -240,6 +240,10 @@ def build_reward(cfg: RewardConfig, task: Task | None = None) -> RewardFn:
     name, extract = cfg.name, cfg.extract
     if name.startswith(PYTHON_PREFIX):
         return PythonReward(name)  # user functions see the raw response
+    if name == "unit_tests":  # takes the code block, not an extracted answer
+        from cadence.rewards.unit_tests import UnitTestReward
+
+        return UnitTestReward(cfg.unit_tests)
     if task is None and (name == "auto" or extract == "auto"):
         raise ValueError("reward.name / reward.extract 'auto' need a task to take defaults from")
     if name == "auto":

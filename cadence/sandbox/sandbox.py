@@ -50,8 +50,18 @@ def _cmdline(pid: int) -> bytes:
 # long as the process.
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
 
+
+def _new_spawner_after_fork() -> None:
+    # A forked child (a reward worker) has the executor but not its thread: submit would wait forever.
+    global _SPAWNER
+    _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+
+os.register_at_fork(after_in_child=_new_spawner_after_fork)
+
 GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
 START_TIMEOUT_S = 30.0
+FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes milliseconds; past this the agent is hung
 
 
 class LocalSandbox:
@@ -180,10 +190,10 @@ class LocalSandbox:
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
         raw = data.encode() if isinstance(data, str) else data
-        return self._call({"op": "write", "path": path, "data": raw, "mode": mode}, 30.0)["path"]
+        return self._call({"op": "write", "path": path, "data": raw, "mode": mode}, FILE_TIMEOUT_S)["path"]
 
     def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
-        return base64.b64decode(self._call({"op": "read", "path": path, "max_bytes": max_bytes}, 30.0)["data"])
+        return base64.b64decode(self._call({"op": "read", "path": path, "max_bytes": max_bytes}, FILE_TIMEOUT_S)["data"])
 
     def ping(self, timeout_s: float = 2.0) -> bool:
         try:

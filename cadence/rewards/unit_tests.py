@@ -1,0 +1,185 @@
+"""`reward.name=unit_tests`: run the model's code against the task's tests, in a sandbox.
+
+A task row carries its tests in a field (`reward.unit_tests.tests_field`, default ``tests``): a
+JSON list of Python snippets, each one test, run after the solution in the solution's
+namespace; a test passes when it runs to the end without raising, e.g.
+
+    {"prompt": "Write add(a, b).", "answer": "", "tests": ["assert add(2, 3) == 5", "assert add(-1, 1) == 0"]}
+
+The solution is the last fenced code block of the response (```python ... ```), or the whole
+response when it has none. Score (`scoring`):
+
+    fraction:  passed / total        (partial credit, the default)
+    all:       1.0 if passed == total else 0.0
+
+Where it runs: a fresh sandbox per response (cadence.sandbox: no network, no host files,
+rlimits and, where available, a memory cgroup), on a sandbox service when `url` is set (a
+warm sandbox from its pool: milliseconds) or a local bubblewrap sandbox otherwise. Inside, a
+small harness forks one child per test: the child runs the solution then the test, with its
+output sent to /dev/null, and a per-test wall clock (`test_timeout_s`) kills it. The harness
+never runs model code itself; it reports the count through its exit status (10 + passed), which
+model code can only spoil (by killing it: the response then scores 0.0), not forge by printing.
+The sandbox contains what the code does to the host; it cannot make tests meaningful: code that
+returns an object equal to everything passes a bare `assert f(x) == y`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cadence.data.tasks import Prompt
+
+MAX_TESTS = 245  # the harness reports 10 + passed through an exit status (< 256)
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+# Runs in the sandbox's Python (standard library only); never runs model code in its own process.
+HARNESS = """
+import json, os, signal, time
+tests = json.load(open("tests.json"))
+solution = compile(open("solution.py").read(), "solution.py", "exec")
+passed = 0
+for i, test in enumerate(tests):
+    pid = os.fork()
+    if pid == 0:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.setsid()
+        try:
+            ns = {"__name__": "__main__"}
+            exec(solution, ns)
+            exec(compile(test, f"test_{i}", "exec"), ns)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    deadline = time.monotonic() + TEST_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            passed += status == 0
+            break
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.002)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # what the test left running
+    except OSError:
+        pass
+os._exit(10 + passed)
+"""
+
+
+class UnitTestsConfig(BaseModel):
+    """Settings of the `unit_tests` reward (`reward.unit_tests.*`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tests_field: str = Field("tests", description="Task row field holding the list of test snippets.")
+    scoring: Literal["fraction", "all"] = Field(
+        "fraction", description="'fraction': share of tests passed; 'all': 1.0 only if every test passes."
+    )
+    test_timeout_s: float = Field(2.0, gt=0, description="Wall clock per test (solution + test).")
+    memory_mb: int = Field(
+        512, ge=64, description="Memory of a local sandbox (per process; in all where cgroups allow); "
+        "on a service, the service's limits apply."
+    )
+    url: str | None = Field(
+        None, description="Sandbox service URL (`cadence sandbox serve`); None: a local bubblewrap sandbox."
+    )
+
+
+def extract_code(response: str) -> str:
+    """The last fenced code block of `response`, or all of it when there is none."""
+    blocks = _FENCE.findall(response)
+    return blocks[-1] if blocks else response
+
+
+def tests_of(prompt: Prompt, field: str) -> list[str]:
+    """The prompt's tests; ValueError naming the prompt and the field when they are unusable."""
+    tests = prompt.meta.get(field)
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        got = "missing" if tests is None else f"a {type(tests).__name__}"
+        raise ValueError(f"prompt {prompt.id}: field {field!r} must be a non-empty list of test snippets "
+                         f"(strings), got {got}; set reward.unit_tests.tests_field to the task's tests field")
+    if len(tests) > MAX_TESTS:
+        raise ValueError(f"prompt {prompt.id}: {len(tests)} tests; at most {MAX_TESTS} per prompt")
+    return tests
+
+
+class UnitTestReward:
+    """fn(prompt, response) -> score, see the module docstring. Pickles as its config."""
+
+    def __init__(self, cfg: UnitTestsConfig) -> None:
+        self.cfg = cfg
+        self._check_backend()
+
+    def _check_backend(self) -> None:
+        """Fail at build time, with the fix, rather than score every response 0.0."""
+        from cadence.sandbox.models import SandboxError
+
+        if self.cfg.url is None:
+            if shutil.which("bwrap") is None:
+                raise ValueError("reward.name 'unit_tests' runs model code in a sandbox: install bubblewrap "
+                                 "(apt-get install bubblewrap) or set reward.unit_tests.url to a sandbox service")
+            return
+        import httpx
+
+        from cadence.sandbox.client import resolve
+
+        try:
+            urls, token = resolve(self.cfg.url, None)
+            r = httpx.get(f"{urls[0]}/v1/health", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        except (SandboxError, httpx.HTTPError) as e:
+            raise ValueError(f"reward.unit_tests.url {self.cfg.url!r}: no sandbox service answers "
+                             f"({type(e).__name__}: {e}); start one with `cadence sandbox serve`") from None
+        if r.status_code != 200:
+            raise ValueError(f"reward.unit_tests.url {self.cfg.url!r}: the service answered {r.status_code} "
+                             "(a wrong token? set CADENCE_SANDBOX_TOKEN or CADENCE_SANDBOX_TOKEN_FILE)")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = state["cfg"]
+
+    def __call__(self, prompt: Prompt, response: str) -> float:
+        tests = tests_of(prompt, self.cfg.tests_field)
+        passed = self.run(extract_code(response), tests)
+        if self.cfg.scoring == "all":
+            return float(passed == len(tests))
+        return passed / len(tests)
+
+    def run(self, solution: str, tests: list[str]) -> int:
+        """How many of `tests` pass against `solution`, in a fresh sandbox."""
+        from cadence.sandbox.models import Limits
+
+        wall = self.cfg.test_timeout_s * len(tests) + 5.0
+        code = f"TEST_TIMEOUT_S = {self.cfg.test_timeout_s!r}\n{HARNESS}"
+        if self.cfg.url is not None:
+            from cadence.sandbox.client import Sandbox
+
+            with Sandbox(self.cfg.url) as sb:  # the service's limits: a warm spare, no cold start
+                return _passed(sb, solution, tests, code, wall)
+        from cadence.sandbox.sandbox import LocalSandbox
+
+        limits = Limits(memory_mb=self.cfg.memory_mb, processes=64, wall_s=wall, cpu_s=wall)
+        with LocalSandbox(limits) as sb:
+            return _passed(sb, solution, tests, code, wall)
+
+
+def _passed(sb: Any, solution: str, tests: list[str], harness: str, wall_s: float) -> int:
+    sb.write_file("solution.py", solution)
+    sb.write_file("tests.json", json.dumps(tests))
+    r = sb.exec(code=harness, timeout_s=wall_s)
+    if r.limit is not None or not 10 <= r.exit_code <= 10 + len(tests):
+        # The harness was killed (by model code, or a limit): nothing it counted can be trusted.
+        raise RuntimeError(f"unit-test harness failed: exit {r.exit_code}, limit {r.limit}, {r.stderr[-200:]!r}")
+    return r.exit_code - 10

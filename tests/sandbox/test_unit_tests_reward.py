@@ -1,0 +1,104 @@
+"""reward.name=unit_tests: the model's code against a task's tests, in a real bubblewrap sandbox
+(locally and on the service), scored through the reward guard like any reward."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from cadence.data.tasks import Prompt
+from cadence.rewards.config import RewardConfig
+from cadence.rewards.guard import RewardGuard
+from cadence.rewards.unit_tests import UnitTestReward, UnitTestsConfig, extract_code
+from cadence.rewards.verifiers import build_reward
+from cadence.sandbox.testing import running_service
+from tests.sandbox.conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
+ADD = Prompt("add:1", "Write add(a, b).", "", {"tests": ["assert add(2, 3) == 5", "assert add(-1, 1) == 0",
+                                                          "assert add('a', 'b') == 'ab'", "assert add(0, 0) == 0"]})
+RIGHT = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```"
+HALF = "```python\ndef add(a, b):\n    return abs(a) + abs(b)\n```"  # fails the negative and the str tests
+
+
+def reward(**kw) -> UnitTestReward:
+    fn = build_reward(RewardConfig(name="unit_tests", timeout_s=30, unit_tests=UnitTestsConfig(**kw)))
+    assert isinstance(fn, UnitTestReward)
+    return fn
+
+
+def test_scores_the_share_of_tests_passed_or_all():
+    fraction, all_pass = reward(), reward(scoring="all")
+    assert fraction(ADD, RIGHT) == 1.0 and all_pass(ADD, RIGHT) == 1.0
+    assert fraction(ADD, HALF) == 0.5 and all_pass(ADD, HALF) == 0.0
+    assert fraction(ADD, "def add(a, b): return a + b") == 1.0  # no fence: the whole response
+    assert fraction(ADD, "```python\nthis is not python\n```") == 0.0
+
+
+def test_extract_code_takes_the_last_block():
+    assert extract_code("```python\nx = 1\n```\nthen\n```py\nx = 2\n```") == "x = 2\n"
+    assert extract_code("```\nbare\n```") == "bare\n"
+
+
+def test_misbehaving_solutions_are_contained(tmp_path):
+    secret = uuid.uuid4().hex
+    planted = tmp_path / "secret.txt"
+    planted.write_text(secret)
+    fn = reward(test_timeout_s=1.0)
+    tests = Prompt("t:1", "", "", {"tests": ["assert add(1, 1) == 2", f"assert open({str(planted)!r}).read() == {secret!r}"]})
+    # Prints a fake verdict and reads a host file: the print goes nowhere, the file is not there.
+    liar = (f"def add(a, b): return a + b\nprint('passed 2/2')\n"
+            f"try:\n    print(open({str(planted)!r}).read())\nexcept OSError:\n    pass")
+    assert fn(tests, liar) == 0.5
+    # A test that never ends is stopped at test_timeout_s; the others still count.
+    looping = Prompt("t:2", "", "", {"tests": ["assert add(1, 1) == 2", "while True: pass", "assert add(2, 2) == 4"]})
+    assert fn(looping, RIGHT) == 2 / 3
+    # A solution that writes outside its sandbox leaves nothing on the host.
+    target = tmp_path / "pwned"
+    fn(ADD, f"open({str(target)!r}, 'w').write('x')\ndef add(a, b): return a + b")
+    assert not target.exists()
+    # Killing the harness (its parent) spoils the run: an error, never a forged score.
+    with pytest.raises(RuntimeError, match="harness failed"):
+        fn(ADD, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b): return a + b")
+
+
+def test_through_the_guard_failures_score_zero_and_are_counted():
+    cfg = RewardConfig(name="unit_tests", timeout_s=30, unit_tests=UnitTestsConfig(test_timeout_s=1.0))
+    guard = RewardGuard(build_reward(cfg), cfg.timeout_s, 1)  # a forked worker starts the sandboxes
+    try:
+        no_tests = Prompt("bad:1", "", "", {"test": ["assert True"]})
+        killer = "import os\nos.kill(os.getppid(), 9)"
+        out = guard.score([(ADD, RIGHT), (ADD, HALF), (no_tests, RIGHT), (ADD, killer)])
+        assert [o.reward for o in out] == [1.0, 0.5, 0.0, 0.0]
+        assert "field 'tests' must be a non-empty list" in out[2].error and "harness failed" in out[3].error
+        assert guard.stats()["errors"] == 2
+    finally:
+        guard.close()
+
+
+def test_config_errors_are_clear(monkeypatch):
+    with pytest.raises(ValueError, match="reward.timeout_s .* must exceed reward.unit_tests.test_timeout_s"):
+        RewardConfig(name="unit_tests", timeout_s=2, unit_tests=UnitTestsConfig(test_timeout_s=3))
+    with pytest.raises(ValueError, match="extra"):
+        UnitTestsConfig(test_field="tests")
+    with pytest.raises(ValueError, match="no sandbox service answers"):
+        reward(url="http://127.0.0.1:9")
+    import cadence.rewards.unit_tests as ut
+
+    monkeypatch.setattr(ut.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="install bubblewrap"):
+        reward()
+
+
+def test_on_the_service(tmp_path, monkeypatch):
+    with running_service(str(tmp_path), "--warm", "1") as (url, token, _):
+        monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", token)
+        fn = reward(url=url)
+        assert fn(ADD, RIGHT) == 1.0 and fn(ADD, HALF) == 0.5
+        with pytest.raises(RuntimeError, match="harness failed"):
+            fn(ADD, "import os\nos.kill(os.getppid(), 9)")
+        monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", "wrong")
+        with pytest.raises(ValueError, match="401"):
+            reward(url=url)
