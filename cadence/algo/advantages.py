@@ -7,7 +7,13 @@ tokens; optionally values V [B, T] (critic) and token_rewards r [B, T].
 Sequence-level estimators (grpo, rloo, reinforce_plus_plus without token
 rewards) compute one A_i per response and broadcast it to its tokens:
 A[i, t] = A_i * m[i, t]. Token-level ones (gae, reinforce_plus_plus with
-token rewards) run a reverse scan over the response tokens.
+token rewards) run a reverse scan over the response tokens; turn_grpo gives
+every token of an episode's turn that turn's normalised return-to-go.
+
+Per-turn estimators (`per_turn`: gae, turn_grpo) are handed the batch's token
+rewards by the trainer: an episode's turn rewards, each on its turn's last
+model token (a single answer: R on its last token, the same as without them).
+The others see R, the episode's return (the sum of its turn rewards).
 
 Std: `std_unbiased=True` (default) uses the Bessel-corrected sample std
 (divide by n - 1), as torch.std, TRL and verl do; False divides by n. A group
@@ -22,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from cadence.algo.turn_returns import spread_over_turns, turn_returns
 
 if TYPE_CHECKING:
     from cadence.algo.config import AlgorithmConfig
@@ -47,6 +55,7 @@ class AdvantageSpec:
     description: str
     needs_values: bool = False
     accepts_token_rewards: bool = False
+    per_turn: bool = False  # reads the batch's per-turn token rewards (see the module docstring)
 
 
 # ----------------------------------------------------------------------------- registry
@@ -55,14 +64,18 @@ _REGISTRY: dict[str, AdvantageSpec] = {}
 
 
 def register(
-    name: str, description: str, needs_values: bool = False, accepts_token_rewards: bool = False
+    name: str,
+    description: str,
+    needs_values: bool = False,
+    accepts_token_rewards: bool = False,
+    per_turn: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: make `fn` available as `AlgorithmConfig(advantage=name)`."""
 
     def wrap(fn: AdvantageFn) -> AdvantageFn:
         if name in _REGISTRY:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        _REGISTRY[name] = AdvantageSpec(name, fn, description, needs_values, accepts_token_rewards)
+        _REGISTRY[name] = AdvantageSpec(name, fn, description, needs_values, accepts_token_rewards, per_turn)
         return fn
 
     return wrap
@@ -248,6 +261,7 @@ def reinforce_plus_plus_advantages(
     "generalised advantage estimation with a critic (gamma, lam)",
     needs_values=True,
     accepts_token_rewards=True,
+    per_turn=True,
 )
 def gae_advantages(
     cfg: AlgorithmConfig,
@@ -262,6 +276,15 @@ def gae_advantages(
     r_t is R_i on the last response token (or the given token rewards), t+1 the
     next response token and V = 0 after the last one. Values are detached:
     advantages are targets, not a path for gradients into the critic.
+
+    Episodes: r_t is the turn's reward on the turn's last model token, 0 on the
+    other model tokens. Observation tokens (mask 0) are not steps: the scan
+    skips them, so the last token of turn k bootstraps from V at the first
+    model token of turn k+1, which is the value of the context that already
+    holds the observation, the state the model acts in next. The observation
+    is part of the environment's transition, not an action: giving it a step
+    (and a value) would discount across it and fit the critic to states where
+    the model chooses nothing. gamma and lam apply per model token.
     """
     if values is None:
         raise ValueError("advantage 'gae' needs values [B, T] from a critic")
@@ -269,6 +292,52 @@ def gae_advantages(
     r = token_rewards if token_rewards is not None else last_token_rewards(rewards, mask)
     adv = discounted_scan(r * mask, values, mask, cfg.gamma, cfg.lam)
     return AdvantageOutput(adv, (adv + values) * mask)
+
+
+@register(
+    "turn_grpo",
+    "per-turn: each turn's discounted return-to-go (gamma per turn), normalised over its group's turns",
+    accepts_token_rewards=True,
+    per_turn=True,
+)
+def turn_grpo_advantages(
+    cfg: AlgorithmConfig,
+    rewards: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    values: Tensor | None = None,
+    token_rewards: Tensor | None = None,
+) -> AdvantageOutput:
+    """Every model token of turn k of episode i gets its turn's normalised return-to-go:
+
+        G_ik   = sum_{j>=k} gamma^(j-k) r_ij                 (r_ij: reward of turn j, cadence.algo.turn_returns)
+        S_g    = { G_ik : episode i in group g, k < K_i }    (every turn of every episode once)
+        mean_g = sum_{S_g} G / |S_g|
+        std_g  = sqrt( sum_{S_g} (G - mean_g)^2 / (|S_g| - 1) )    (|S_g| with std_unbiased=False)
+        A_it   = (G_ik(t) - mean_g) / (std_g + adv_eps)          (std_normalize=False: G_ik(t) - mean_g)
+
+    Turns are the runs of model tokens (mask 1); observation tokens get 0. The
+    baseline pools the group's turns, so a turn is judged against the turns of
+    its siblings on the same seed; each turn counts once whatever its length,
+    and a longer episode brings more turns to the pool. A one-turn episode has
+    G_i0 = R_i: on single answers this is GRPO exactly. Returns are G_ik on the
+    turn's tokens. Without token rewards R_i is taken as the last turn's reward.
+    """
+    r = token_rewards if token_rewards is not None else last_token_rewards(rewards, mask)
+    G, turns = turn_returns(r * mask, mask, cfg.gamma)
+    K = G.shape[1]
+    valid = torch.arange(K, device=mask.device).unsqueeze(0) < turns.unsqueeze(1)  # [B, K]
+    if not valid.any():
+        zeros = torch.zeros_like(mask)
+        return AdvantageOutput(zeros, zeros.clone())
+    pooled_ids = group_ids.unsqueeze(1).expand(-1, K)[valid]
+    mean, std, _ = group_stats(G[valid], pooled_ids, cfg.std_unbiased)
+    adv = G[valid] - mean
+    if cfg.std_normalize:
+        adv = adv / (std + cfg.adv_eps)
+    per_turn = torch.zeros_like(G)
+    per_turn[valid] = adv
+    return AdvantageOutput(spread_over_turns(per_turn, mask), spread_over_turns(G, mask))
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -170,7 +170,10 @@ class AlgorithmConfig(BaseModel):
     )
     loss: str = Field("grpo", description="Policy loss; see cadence.algo.losses.describe().")
     advantage: str = Field(
-        "grpo", description="Advantage estimator; see cadence.algo.advantages.describe()."
+        "grpo",
+        description="Advantage estimator; see cadence.algo.advantages.describe(). Agentic runs: "
+        "grpo/rloo compare episode returns in a group; turn_grpo gives each turn its discounted "
+        "return-to-go, normalised over the group's turns; gae (ppo, asyppo) uses the per-turn rewards.",
     )
     aggregation: AggregationMode = Field(
         "token-mean",
@@ -231,7 +234,11 @@ class AlgorithmConfig(BaseModel):
     )
 
     # --- advantages
-    gamma: float = Field(1.0, description="Discount factor (GAE, REINFORCE++ token returns).")
+    gamma: float = Field(
+        1.0,
+        description="Discount factor: per model token in GAE and REINFORCE++ token returns, per "
+        "turn in turn_grpo.",
+    )
     lam: float = Field(0.95, description="GAE lambda.")
     std_normalize: bool = Field(
         True, description="Divide advantages by the std (GRPO, REINFORCE++); Dr. GRPO sets False."

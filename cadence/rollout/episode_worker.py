@@ -33,10 +33,10 @@ from cadence.observe.events import Timeline
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.episode import run_episode
-from cadence.rollout.turns import turn_format
 from cadence.rollout.evaluate import EvalResult, pass_at_k
 from cadence.rollout.lockstep import LockstepRollout
 from cadence.rollout.sample import Group
+from cadence.rollout.turns import turn_format
 from cadence.rollout.worker import worker_quotas
 from cadence.runtime.threads import configure_threads
 
@@ -56,6 +56,7 @@ class EpisodeWorker:
         self.quota = worker_quotas(ro.prompts_per_step, workers)[index]
         self.alpha = ro.async_ratio
         self.tokenizer = load_tokenizer(cfg.model.path)
+        self.turns = turn_format(cfg.env, self.tokenizer)  # chat template or plain text; before the weights load
         self.engine = build_engine(ro.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
         self.hub = InferenceHub([self.engine])
         stop = list(ro.stop or [])
@@ -66,7 +67,7 @@ class EpisodeWorker:
         lockstep = {"batch_groups": self.quota} if ro.env_mode == "lockstep" else {}
         self.rollout = (LockstepRollout if lockstep else EnvRollout)(
             self.hub, self._runner, self.tokenizer, self.params, self.buffer, ro.group_size,
-            redundancy=ro.redundancy, max_context_tokens=ro.max_context_tokens,
+            redundancy=ro.redundancy, max_context_tokens=ro.max_context_tokens, turns=self.turns,
             first_seed=1000 * (cfg.seed + 1) + 10**6 * index, **lockstep,
         )
         self.version = 0
@@ -210,7 +211,7 @@ class EpisodeWorker:
         runner = self._runner()
         try:
             episode = await run_episode(
-                self.hub, runner, self.tokenizer, self.eval_params, seed, episode_id,
+                self.hub, runner, self.tokenizer, self.eval_params, seed, episode_id, turns=self.turns,
                 max_context_tokens=self.cfg.rollout.max_context_tokens,
             )
         finally:

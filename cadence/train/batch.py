@@ -26,6 +26,9 @@ class TrainBatch:
     group_ids: Tensor  # [B]
     versions: Tensor  # [B] policy version that started each sample
     response_start: Tensor  # [B] index in [L-1] space of the first response token
+    # [B, L-1] rewards on tokens: each turn's reward on its last model token (an episode), or the
+    # sample's reward on its last response token (a single answer); what gae and turn_grpo read.
+    token_rewards: Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -42,6 +45,7 @@ class TrainBatch:
             attention_mask=self.attention_mask[:, :width],
             mask=self.mask[:, : width - 1],
             behaviour_logprobs=self.behaviour_logprobs[:, : width - 1],
+            token_rewards=self.token_rewards[:, : width - 1],
         )
 
 
@@ -77,6 +81,7 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
     mask = torch.zeros((n, width - 1))
     behaviour = torch.zeros((n, width - 1))
     start = torch.zeros(n, dtype=torch.long)
+    token_rewards = torch.zeros((n, width - 1))
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
@@ -85,6 +90,10 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         mask[i, p - 1 : p - 1 + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
         behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
         start[i] = p - 1
+        if s.token_rewards is not None:
+            token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(s.token_rewards, dtype=torch.float32)
+        elif r > 0:
+            token_rewards[i, p - 2 + r] = s.reward
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -94,4 +103,5 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
         response_start=start,
+        token_rewards=token_rewards,
     )

@@ -17,6 +17,7 @@ from cadence.algo.advantages import (
     last_token_rewards,
 )
 from cadence.algo.config import AlgorithmConfig
+from cadence.algo.turn_returns import spread_over_turns, turn_index, turn_returns
 
 DT = torch.float64
 
@@ -37,7 +38,8 @@ def seq_adv(out) -> torch.Tensor:
 
 
 def test_registry():
-    assert {"grpo", "rloo", "reinforce_plus_plus", "gae"} <= set(advantages.names())
+    assert {"grpo", "rloo", "reinforce_plus_plus", "gae", "turn_grpo"} <= set(advantages.names())
+    assert {n for n in advantages.names() if advantages.spec(n).per_turn} == {"gae", "turn_grpo"}
     assert set(advantages.describe()) == set(advantages.names())
     with pytest.raises(KeyError, match="valid: grpo"):
         advantages.get("ppo")
@@ -203,6 +205,64 @@ def test_last_token_rewards():
     assert torch.equal(out, T([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 3.0]]))
 
 
+# ----------------------------------------------------------------------------- per turn (episodes)
+
+# Three episodes as rows: mask 1 on model tokens, 0 on observation tokens; a turn is a run of 1s.
+#   A (group 0): turns [0, 1] and [3, 4], turn rewards 0.2 and 1.0 (9.0 on an observation: ignored)
+#   B (group 0): one turn [0, 2], reward 0.4
+#   C (group 5): turns [0] and [2], rewards 1.0 and 0.0
+TURN_MASK = [[1, 1, 0, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 0, 0]]
+TURN_REWARDS = [[0.0, 0.2, 9.0, 0.0, 1.0], [0.0, 0.0, 0.4, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_turns_are_runs_of_model_tokens_and_their_returns_discount_per_turn():
+    mask = T(TURN_MASK)
+    assert torch.equal(turn_index(mask), torch.tensor([[0, 0, -1, 1, 1], [0, 0, 0, -1, -1], [0, -1, 1, -1, -1]]))
+    # gamma = 0.5: A: G1 = 1.0, G0 = 0.2 + 0.5 * 1.0 = 0.7; B: 0.4; C: G1 = 0, G0 = 1.0 + 0.5 * 0 = 1.0.
+    G, turns = turn_returns(T(TURN_REWARDS), mask, gamma=0.5)
+    assert torch.allclose(G, T([[0.7, 1.0], [0.4, 0.0], [1.0, 0.0]])) and turns.tolist() == [2, 1, 2]
+    assert torch.allclose(spread_over_turns(G, mask)[0], T([0.7, 0.7, 0.0, 1.0, 1.0]))
+
+
+def test_turn_grpo_by_hand():
+    # Group 0 pools the turn returns {0.7, 1.0 (A), 0.4 (B)}: mean 0.7, deviations [0, 0.3, -0.3],
+    # unbiased std sqrt(0.18 / 2) = 0.3. Group 5 pools {1.0, 0.0}: mean 0.5, std sqrt(0.5).
+    cfg = AlgorithmConfig(advantage="turn_grpo", gamma=0.5)
+    args = (cfg, T([1.2, 0.4, 1.0]), torch.tensor([0, 0, 5]), T(TURN_MASK))
+    out = compute_advantages(*args, token_rewards=T(TURN_REWARDS))
+    c = 0.5 / math.sqrt(0.5)
+    assert torch.allclose(
+        out.advantages, T([[0, 0, 0, 1, 1], [-1, -1, -1, 0, 0], [c, 0, -c, 0, 0]]), atol=1e-5
+    )
+    assert torch.allclose(out.returns, T([[0.7, 0.7, 0, 1, 1], [0.4, 0.4, 0.4, 0, 0], [1, 0, 0, 0, 0]]))
+    no_std = compute_advantages(
+        AlgorithmConfig(advantage="turn_grpo", gamma=0.5, std_normalize=False), *args[1:],
+        token_rewards=T(TURN_REWARDS),
+    )
+    assert torch.allclose(no_std.advantages, T([[0, 0, 0, 0.3, 0.3], [-0.3] * 3 + [0, 0], [0.5, 0, -0.5, 0, 0]]))
+
+
+def test_turn_grpo_on_one_turn_answers_is_grpo():
+    mask = T([[0, 1, 1], [1, 1, 0], [1, 1, 1], [0, 0, 1]])
+    rewards, groups = T([1.0, 0.0, 1.0, 5.0]), torch.tensor([0, 0, 0, 7])
+    grpo = compute_advantages(AlgorithmConfig(), rewards, groups, mask)
+    turns = compute_advantages(AlgorithmConfig(advantage="turn_grpo", gamma=0.3), rewards, groups, mask)
+    assert torch.allclose(turns.advantages, grpo.advantages)
+
+
+def test_gae_across_turns_bootstraps_from_the_next_model_token():
+    # Two turns with two observation tokens between them (values 9 there: never used).
+    # t=3: delta = 1.0 - 0.6 = 0.4; A = 0.4.
+    # t=0: delta = 0.5 + 0.9 * V(3) - V(0) = 0.5 + 0.54 - 0.2 = 0.84; A = 0.84 + 0.9 * 0.8 * 0.4 = 1.128.
+    cfg = AlgorithmConfig(name="ppo", advantage="gae", gamma=0.9, lam=0.8)
+    out = compute_advantages(
+        cfg, T([1.5]), torch.tensor([0]), T([[1, 0, 0, 1]]),
+        values=T([[0.2, 9.0, 9.0, 0.6]]), token_rewards=T([[0.5, 0.0, 0.0, 1.0]]),
+    )
+    assert torch.allclose(out.advantages, T([[1.128, 0, 0, 0.4]]))
+    assert torch.allclose(out.returns, T([[1.328, 0, 0, 1.0]]))
+
+
 # ----------------------------------------------------------------------------- errors and properties
 
 
@@ -226,7 +286,7 @@ def test_errors_name_the_fix():
 
 @settings(max_examples=50, deadline=None)
 @given(
-    name=st.sampled_from(["grpo", "rloo", "reinforce_plus_plus", "gae"]),
+    name=st.sampled_from(["grpo", "rloo", "reinforce_plus_plus", "gae", "turn_grpo"]),
     B=st.integers(1, 6),
     L=st.integers(1, 5),
     seed=st.integers(0, 2**31 - 1),
