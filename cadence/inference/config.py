@@ -116,6 +116,12 @@ class EngineConfig(BaseModel):
     seed: int = Field(
         0, description="Seed of the engine's sampling generator, for reproducible runs."
     )
+    keep_kv_between_turns: bool = Field(
+        True,
+        description="Embedded engine: keep each episode's KV cache between its turns, so a turn "
+        "prefills only its new tokens (cadence/inference/prefix_reuse.py). vLLM does this with "
+        "its prefix cache (vllm.engine_kwargs.enable_prefix_caching, on by default).",
+    )
     mock: MockEngineConfig = Field(default_factory=MockEngineConfig)
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
 
@@ -142,7 +148,8 @@ def build_engine(
         if model is None or tokenizer is None:
             raise ValueError("the embedded engine needs a model and a tokenizer")
         return EmbeddedEngine(
-            model, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed, static_batching=cfg.static_batching
+            model, tokenizer, max_batch_size=cfg.max_batch_size, seed=cfg.seed, static_batching=cfg.static_batching,
+            keep_kv=cfg.keep_kv_between_turns,
         )
     if cfg.backend == "mock":
         from cadence.inference.mock import MockEngine

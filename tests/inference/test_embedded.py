@@ -316,7 +316,8 @@ def test_config_and_factory(llama):
     model, tok = llama
     engine = build_engine(EngineConfig(max_batch_size=4, seed=2), model, tok)
     assert isinstance(engine, EmbeddedEngine) and isinstance(engine, InferenceEngine)
-    assert engine.max_batch_size == 4
+    assert engine.max_batch_size == 4 and engine.keep_kv
+    assert not build_engine(EngineConfig(keep_kv_between_turns=False), model, tok).keep_kv
     with pytest.raises(ValueError):
         EngineConfig(backend="embedded", unknown=1)
     with pytest.raises(ValueError):
