@@ -148,7 +148,10 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
                 if services:
                     snaps = json.dumps([await asyncio.to_thread(s.snapshot) for s in services])
                     yield f"event: sandboxes\ndata: {snaps}\n\n"
-                await asyncio.sleep(poll_s)
+                try:
+                    await asyncio.sleep(poll_s)
+                except asyncio.CancelledError:  # the server is shutting down: end the stream quietly
+                    return
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

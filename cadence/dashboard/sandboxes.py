@@ -1,10 +1,10 @@
 """The sandbox view: each service's sandboxes and event log, through its HTTP API.
 
 A service gives per sandbox its state, generation, creation time, calls,
-replacements and the last reason (GET /v1/status) and an append-only event
-log (GET /v1/events?since_id=N, read incrementally here). The API reports
-no CPU or memory use, only the limits each sandbox runs under; the dashboard
-shows those. A failure is an event whose state is `dead` or `unhealthy`.
+replacements, the last reason, its limits and, where the service measures
+them, CPU seconds and memory (GET /v1/status), and an append-only event log
+(GET /v1/events?since_id=N, read incrementally here). A failure is an event
+whose state is `dead` or `unhealthy`.
 """
 
 from __future__ import annotations

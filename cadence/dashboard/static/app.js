@@ -81,7 +81,7 @@ function addRows(rows) {
     const idx = keys.map((_, i) => i).filter((i) => xs[i].length);
     if (idx.length) Plotly.extendTraces(div, { x: idx.map((i) => xs[i]), y: idx.map((i) => ys[i]) }, idx);
     const fresh = [...new Set(rows.flatMap(Object.keys))].filter((k) => !keys.includes(k) && CHARTS.find((c) => c[0] === id)[2].some((p) => p.test(k)));
-    if (fresh.length) return loadCharts(); // a key that first appears now (eval/pass@1 at an eval step)
+    if (fresh.length) return loadCharts().then(connect); // a key that first appears now (eval/pass@1 at an eval step)
   }
 }
 
@@ -158,9 +158,10 @@ function renderSandboxes(services) {
   const age = (s) => s < 120 ? `${s.toFixed(0)} s` : `${(s / 60).toFixed(1)} min`;
   $("sandbox-view").innerHTML = services.map((svc) => !svc.ok ? `<div class="card fail">${esc(svc.url)}: ${esc(svc.error)}</div>` :
     `<div class="card"><b>${esc(svc.url)}</b> <span class="muted">${Object.entries(svc.counts).map(([k, v]) => `${k} ${v}`).join(" · ")}</span>
-    <table class="boxes"><thead><tr><th>sandbox</th><th>state</th><th>generation</th><th>age</th><th>idle</th><th>calls</th><th>restarts</th><th>limits (cpu · memory · processes)</th><th>last reason</th></tr></thead><tbody>
+    <table class="boxes"><thead><tr><th>sandbox</th><th>state</th><th>generation</th><th>age</th><th>idle</th><th>calls</th><th>restarts</th><th>cpu</th><th>memory</th><th>limits (cpu · memory · processes)</th><th>last reason</th></tr></thead><tbody>
     ${svc.sandboxes.map((b) => `<tr data-sandbox="${esc(b.id)}"><td>${esc(b.id)}</td><td><span class="state">${esc(b.state)}</span></td><td>${b.generation}</td>
       <td>${age(b.age_s)}</td><td>${age(b.idle_s)}</td><td>${b.execs}</td><td class="restarts">${b.replacements}</td>
+      <td>${b.cpu_s != null ? fmt(b.cpu_s, 2) + " s" : "—"}</td><td>${b.memory_mb != null ? fmt(b.memory_mb, 1) + " MB" : "—"}</td>
       <td>${b.limits.cpu_s} s/call · ${b.limits.memory_mb} MB · ${b.limits.processes} procs</td><td>${esc(b.last_reason)}</td></tr>`).join("")}</tbody></table></div>
     <div class="card"><b>recent failures</b>${svc.failures.map((e) => `<div class="fail">${new Date(e.ts * 1000).toLocaleTimeString()} ${esc(e.sandbox_id)} gen ${e.generation}: ${esc(e.state)}: ${esc(e.reason)}</div>`).join("") || " <span class=muted>none</span>"}</div>
     <div class="card"><b>event log</b><pre class="events">${svc.events.map((e) => `${new Date(e.ts * 1000).toLocaleTimeString()} ${e.sandbox_id} g${e.generation} ${e.state}: ${e.reason}`).map(esc).join("\n")}</pre></div>`).join("");
@@ -174,7 +175,7 @@ function connect() {
   src.onopen = () => { $("conn").textContent = "live"; };
   src.onerror = () => { $("conn").textContent = "reconnecting"; };
   src.addEventListener("runs", (e) => renderRuns(JSON.parse(e.data)));
-  src.addEventListener("reset", () => loadCharts());
+  src.addEventListener("reset", () => loadCharts().then(connect));
   src.addEventListener("rows", (e) => { const d = JSON.parse(e.data); state.rows += d.rows.length; addRows(d.rows); });
   src.addEventListener("timeline", () => { if (state.tab === "pipeline") loadPipeline(); });
   src.addEventListener("samples", () => { if (state.tab === "samples") loadGroups(); });

@@ -1,0 +1,58 @@
+"""Run folders written by the runtime's own writers (metrics, status, timeline, sample log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.observe.events import Timeline
+from cadence.observe.metrics import MetricsLogger
+from cadence.observe.run_status import RunStatus
+from cadence.observe.sample_log import SampleLog
+from cadence.rollout.sample import Group, Sample
+
+
+class CharTokenizer:
+    """Token id = character code: enough to decode what the sample log writes."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def group(step: int, gid: int, rewards: list[float], version: int, mask: list[int] | None = None) -> Group:
+    response = [ord(c) for c in "ab\nc"] if mask else [ord(c) for c in "42"]
+    samples = [Sample(prompt_id=f"p{gid}", group_id=gid, prompt_ids=[ord(c) for c in "1+1="], response_ids=response,
+                      behaviour_logprobs=[-0.5] * len(response), reward=r, version=version, finish_reason="stop",
+                      loss_mask=mask) for r in rewards]
+    return Group(group_id=gid, prompt_id=f"p{gid}", samples=samples)
+
+
+def write_run(root: Path, name: str, steps: int, finish: bool = True, mask: list[int] | None = None) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"trainer:\n  steps: {steps}\ntask:\n  name: arith\nalgorithm:\n  name: grpo\n")
+    status = RunStatus(run)
+    status.start()
+    logger = MetricsLogger(run, {}, tensorboard=False)
+    timeline = Timeline(run, "trainer", flush_s=0.0)
+    samples = SampleLog(run, CharTokenizer(), every=1)
+    for step in range(1, steps + 1):
+        timeline.enter("training", step)
+        timeline.record(kind="staleness", step=step, alpha=1, counts={"0": 3, "1": 1})
+        samples.log(step, step - 1, [group(step, step, [1.0, 0.0], max(0, step - 2), mask)])
+        logger.log(step, {"reward/mean": step / steps, "train/loss": 1.0 / step, "perf/samples_per_s": 10.0})
+        status.beat(step)
+    timeline.close()
+    samples.close()
+    logger.close()
+    if finish:
+        status.finish()
+    return run
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    write_run(root, "done", steps=5)
+    return root

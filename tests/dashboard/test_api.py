@@ -1,0 +1,77 @@
+"""The dashboard's HTTP API and its server-sent events, over run folders the runtime's writers made."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+from fastapi.testclient import TestClient
+
+from cadence.dashboard.app import create_app, plotly_js
+from tests.dashboard.conftest import write_run
+from tests.dashboard.serving import serving, sse_events
+
+
+def test_runs_details_metrics_timeline_and_samples(runs_root: Path) -> None:
+    failed = write_run(runs_root, "broken", steps=2, finish=False)
+    from cadence.observe.run_status import RunStatus
+
+    try:
+        raise RuntimeError("rollout worker 0 failed:\nKeyError: 'answer'")
+    except RuntimeError as err:
+        RunStatus(failed).failed(err)
+    client = TestClient(create_app(runs_root))
+    runs = {r["name"]: r for r in client.get("/api/runs").json()}
+    assert runs["broken"]["state"] == "failed" and runs["broken"]["error"] == "RuntimeError: KeyError: 'answer'"
+    details = client.get("/api/runs/broken").json()
+    assert "KeyError" in details["status"]["traceback"] and "steps: 2" in details["config"]
+    series = client.get("/api/runs/done/metrics", params={"keys": "reward/mean,train/loss"}).json()["series"]
+    assert series["reward/mean"] == {"x": [1, 2, 3, 4, 5], "y": [0.2, 0.4, 0.6, 0.8, 1.0]}
+    timeline = client.get("/api/runs/done/timeline").json()
+    assert timeline["staleness"] == {"0": 15, "1": 5} and len(timeline["spans"]["trainer"]) == 5
+    groups = client.get("/api/runs/done/samples").json()
+    assert groups[0]["step"] == 5
+    samples = client.get(f"/api/runs/done/samples/5/{groups[0]['group_id']}").json()
+    assert samples[0]["turns"][0]["tokens"] == ["4", "2"]
+    assert client.get("/api/runs/done/samples/99/99").status_code == 404
+    assert client.get("/api/runs/nope").status_code == 404
+    assert client.get("/api/sandboxes").json() == []
+
+
+def test_page_and_plotly_come_from_local_files(runs_root: Path) -> None:
+    client = TestClient(create_app(runs_root))
+    page = client.get("/").text
+    assert '<script src="/static/plotly.min.js">' in page and "http" not in page.split("<body>")[0].replace('charset="utf-8"', "")
+    js = client.get("/static/plotly.min.js")
+    assert js.status_code == 200 and len(js.content) == plotly_js().stat().st_size
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/..%2Fapp.py").status_code == 404
+
+
+def test_token_is_required_when_given(runs_root: Path) -> None:
+    client = TestClient(create_app(runs_root, token="s3cret"))
+    assert client.get("/api/runs").status_code == 401
+    assert client.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/", params={"token": "s3cret"}).status_code == 200  # sets the cookie
+    assert client.get("/api/runs").status_code == 200  # the cookie from the page is enough now
+    assert TestClient(create_app(runs_root, token="s3cret")).get(
+        "/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_stream_pushes_new_metric_rows(runs_root: Path) -> None:
+    with serving(create_app(runs_root, poll_s=0.1)) as url:
+        with httpx.stream("GET", f"{url}/api/stream", params={"run": "done", "rows": 3}, timeout=20) as response:
+            events = sse_events(response)
+            seen = {}
+            for event, data in events:
+                seen[event] = json.loads(data)
+                if {"runs", "rows", "timeline", "samples"} <= set(seen):
+                    break
+            assert [r["step"] for r in seen["rows"]["rows"]] == [4, 5]  # only the rows past the client's 3
+            with (runs_root / "done" / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"step": 6, "reward/mean": 1.0, "note": "text"}) + "\n")
+            for event, data in events:
+                if event == "rows":
+                    assert json.loads(data)["rows"] == [{"step": 6, "reward/mean": 1.0}]  # numbers only
+                    break

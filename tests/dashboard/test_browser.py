@@ -1,0 +1,127 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by playwright): a run
+appears and its chart grows while it trains, a failed run shows its error, a sample opens
+token by token, and a killed sandbox's restart shows up. Screenshots go to the folder printed
+at the start (pytest's temporary folder, or $CADENCE_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cadence.dashboard.app import create_app
+from cadence.dashboard.sandboxes import SandboxService
+from cadence.sandbox.client import Sandbox
+from cadence.sandbox.testing import running_service
+from tests.dashboard.serving import serving
+from tests.quick_run import QUICK_RUN
+
+pytestmark = pytest.mark.slow
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+# Generous: a loaded 2-core machine takes tens of seconds to import torch and load a model.
+WAIT_MS = 150_000
+POINTS = "(id, name) => { const d = document.getElementById(id); const t = d && d.data && d.data.find((t) => t.name === name); return t ? t.x.length : 0; }"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    folder = Path(os.environ.get("CADENCE_TEST_ARTIFACTS") or tmp_path_factory.mktemp("dashboard-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\ndashboard screenshots: {folder}")
+    return lambda page, name: page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def start_run(root: Path, name: str, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "cadence", "train", *QUICK_RUN, "checkpoint.every=0", f"logging.name={name}",
+           f"logging.run_dir={root}/{{name}}", *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_live_run_failed_run_and_samples(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    bad_reward = tmp_path / "bad_reward.py"
+    bad_reward.write_text("def score(prompt, response):\n    raise KeyError('answer')\n")
+    # Both at once: their start-up (imports, model load) overlaps.
+    live = start_run(root, "live", "trainer.steps=40")
+    bad = start_run(root, "bad", "trainer.steps=20", f"reward.name=python:{bad_reward}:score")
+    try:
+        with serving(create_app(root, poll_s=0.5)) as url:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url + "/")
+            page.wait_for_selector('tr[data-run="live"]', timeout=WAIT_MS)  # the run appears, no reload
+            shots(page, "1-run-listed")
+            page.click('tr[data-run="live"]')
+            page.wait_for_function(f"() => ({POINTS})('chart-reward', 'reward/mean') >= 1", timeout=WAIT_MS)
+            first = page.evaluate(f"({POINTS})('chart-reward', 'reward/mean')")
+            page.wait_for_function(f"() => ({POINTS})('chart-reward', 'reward/mean') > {first}", timeout=WAIT_MS)
+            assert live.poll() is None or first < 40  # it grew while the run trained
+            shots(page, "2-chart-growing")
+
+            page.wait_for_selector('tr[data-run="bad"]', timeout=WAIT_MS)
+            page.click('tr[data-run="bad"]')
+            page.wait_for_selector("#run-error:not([hidden])", timeout=WAIT_MS)
+            assert "RewardFunctionError" in page.inner_text("#run-error-text")
+            assert page.inner_text("#run-state") == "failed"
+            shots(page, "3-failed-run")
+
+            page.click('tr[data-run="live"]')
+            page.click('#tabs button[data-tab="samples"]')
+            page.click("#groups .item >> nth=0", timeout=30_000)
+            page.wait_for_selector("#group .sample .tok.loss", timeout=30_000)  # tokens that carried loss
+            assert "reward" in page.inner_text("#group .sample .meta")
+            shots(page, "4-samples")
+            page.click('#tabs button[data-tab="pipeline"]')
+            page.wait_for_selector("#timeline .main-svg", timeout=30_000)
+            page.wait_for_function("() => document.getElementById('timeline').data.length >= 2", timeout=30_000)
+            shots(page, "5-pipeline")
+    finally:
+        for proc in (live, bad):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def test_killed_sandbox_restart_shows(browser, shots, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with running_service(str(tmp_path), "--warm", "1", "--health-period-s", "0.3") as (service_url, token, proc):
+        service = SandboxService(service_url, token)
+        with Sandbox(url=service_url, token=token) as box, serving(create_app(runs, [service], poll_s=0.5)) as url:
+            info = box.status()
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url + "/#/sandboxes")
+            row = f'tr[data-sandbox="{info.id}"]'
+            page.wait_for_selector(row, timeout=30_000)
+            assert page.inner_text(f"{row} .restarts") == "0"
+            shots(page, "6-sandboxes")
+            pid = getattr(info, "pid", None)
+            agents = [psutil.Process(pid)] if pid else [c for c in psutil.Process(proc.pid).children(recursive=True)
+                                                         if "cadence-sandbox-agent" in " ".join(c.cmdline())]
+            for agent in agents:
+                agent.kill()
+            page.wait_for_function(f"() => document.querySelector('{row} .restarts')?.textContent === '1'",
+                                   timeout=30_000)
+            assert "dead" in page.inner_text(".card .fail")  # the failure, with its reason
+            shots(page, "7-sandbox-restarted")
+        service.close()
