@@ -417,6 +417,14 @@ def check_paths(cfg: RunConfig) -> None:
     problem = model_path_problem(cfg.model.path)
     if problem:
         raise ConfigError(f"invalid config:\n  model.path: {problem}")
+    if cfg.env is not None and cfg.env.turn_format == "chat":  # the tokenizer only: cheap
+        from cadence.models.loading import load_tokenizer
+        from cadence.rollout.turns import turn_format
+
+        try:
+            turn_format(cfg.env, load_tokenizer(cfg.model.path))
+        except ValueError as err:
+            raise ConfigError(f"invalid config:\n  {err}") from None
     check_data(cfg.task)
     check_packages(cfg)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cadence.algo.config import AlgorithmConfig
-from cadence.config import TrainerConfig, load_config
+from cadence.config import ConfigError, TrainerConfig, load_config
 from cadence.models.tiny import tiny_model
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.episode_worker import EpisodeWorker
@@ -75,3 +75,8 @@ def test_a_chat_model_plays_in_chat_turns_and_trains(qwen2_chat_dir, tmp_path):
     steps = _steps(train(load_config(None, run)))
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["train/grad_norm"] > 0 for r in steps)
+
+
+def test_a_chat_format_without_a_template_is_a_config_error():
+    with pytest.raises(ConfigError, match="env.turn_format=chat: the model's tokenizer has no chat template"):
+        load_config(None, [*QUICK_AGENT, "env.turn_format=chat"])  # the built-in model has none
