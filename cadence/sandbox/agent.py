@@ -163,17 +163,19 @@ def spawn(req: dict) -> tuple[int, int, int, int]:
 
 
 class Session:
-    """A long-lived forked Python child that keeps its globals across calls."""
+    """A long-lived forked child that keeps its state across calls: a Python session (globals)
+    or a shell (working directory, variables, functions)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shell: bool = False) -> None:
         cin_r, self.cin = os.pipe()
         self.cout, cout_w = os.pipe()
         self.out, out_w = os.pipe()
         self.err, err_w = os.pipe()
+        self.shell = shell
         self.pid = os.fork()
         if self.pid == 0:
             try:
-                session_child(cin_r, cout_w, out_w, err_w)
+                (shell_child if shell else session_child)(cin_r, cout_w, out_w, err_w)
             finally:
                 os._exit(1)
         for fd in (cin_r, cout_w, out_w, err_w):
@@ -205,6 +207,45 @@ def session_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
         apply_cpu(req["cpu_s"])
         code = run_code(req["code"])
         send(4, {"exit_code": code})
+
+
+def shell_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
+    """The shell session: commands on fd 0 (one line per call, see shell_call), output on 1 and
+    2, and each call's exit status as a line on fd 3."""
+    os.setsid()
+    for target, fd in enumerate(_high(cin_r, out_w, err_w, cout_w)):
+        os.dup2(fd, target)
+    os.closerange(4, 1 << 16)
+    os.chdir(CFG["workspace"])
+    apply_limits(None)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+    os.execve(shell, [shell, "--norc", "--noprofile"] if shell.endswith("bash") else [shell], CFG["env"])
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def shell_call(s: Session, req: dict) -> None:
+    """Send one call to the shell session. The command goes through a file and is sourced (`.`),
+    so cd, variables and functions stay in the shell; its stdin comes from a file, so a command
+    that reads stdin cannot eat the shell's own command stream."""
+    cmd = req["cmd"] if isinstance(req["cmd"], str) else " ".join(map(_quote, req["cmd"]))
+    env = "".join(f"export {k}={_quote(v)}\n" for k, v in (req.get("env") or {}).items() if k.isidentifier())
+    cmd_file, in_file = (os.path.join(CFG["workspace"], name) for name in (".cadence_shell_cmd", ".cadence_shell_in"))
+    with open(cmd_file, "w") as f:
+        f.write(env + cmd + "\n")
+    with open(in_file, "w") as f:
+        f.write(req.get("stdin") or "")
+    os.write(s.cin, f". {_quote(cmd_file)} < {_quote(in_file)}; printf '%d\\n' \"$?\" >&3\n".encode())
+
+
+def read_status_line(fd: int) -> dict | None:
+    """The shell's `printf '%d\\n' $?` (one short write, so one read)."""
+    line = os.read(fd, 64).strip()
+    return {"exit_code": int(line)} if line else None
 
 
 def apply_cpu(cpu_s: float | None) -> None:
@@ -302,7 +343,7 @@ def _reap() -> None:
 
 
 def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
-            deadline: float, done_fd: int | None = None) -> dict:
+            deadline: float, done_fd: int | None = None, done_read=recv) -> dict:
     """Pump stdin/stdout/stderr until the child exits (or, for the session, says done), or the
     deadline passes. Background processes the child left holding its pipes get 0.1 s more to
     write, not until they exit (`server &` must not turn a call into a timeout)."""
@@ -340,7 +381,7 @@ def collect(pid: int, in_fd: int | None, stdin: bytes, out_fd: int, err_fd: int,
                 in_fd = None
         for fd in r:
             if fd == done_fd:
-                done_msg = recv(done_fd) or {"exit_code": -9, "died": True}
+                done_msg = done_read(done_fd) or {"exit_code": -9, "died": True}
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -379,40 +420,48 @@ def status_to_result(status: int, is_code: bool) -> tuple[int, str | None]:
     return code, SIGNAL_LIMITS.get(code - 128) if code > 128 else None
 
 
-SESSION: Session | None = None
+SESSIONS: dict[str, Session] = {}  # "python" and "shell", each started on first use
+
+
+def _session_pids(but: str | None = None) -> set[int]:
+    return {s.pid for kind, s in SESSIONS.items() if kind != but}
 
 
 def do_exec(req: dict) -> dict:
-    global SESSION
     t0 = time.monotonic()
     deadline = t0 + req["timeout"]
     stdin = (req.get("stdin") or "").encode()
-    use_session = req.get("session") and req.get("code") is not None
-    if use_session:
-        fresh = SESSION is None
+    if req.get("session"):
+        kind = "python" if req.get("code") is not None else "shell"
+        fresh = kind not in SESSIONS
         if fresh:
-            SESSION = Session()
-        s = SESSION
-        send(s.cin, {"code": req["code"], "stdin": req.get("stdin"), "cpu_s": req["cpu_s"]})
-        res = collect(s.pid, None, b"", s.out, s.err, deadline, done_fd=s.cout)
-        limit = None
+            SESSIONS[kind] = Session(shell=kind == "shell")
+        s = SESSIONS[kind]
+        if s.shell:
+            shell_call(s, req)
+            res = collect(s.pid, None, b"", s.out, s.err, deadline, done_fd=s.cout, done_read=read_status_line)
+        else:
+            send(s.cin, {"code": req["code"], "stdin": req.get("stdin"), "cpu_s": req["cpu_s"]})
+            res = collect(s.pid, None, b"", s.out, s.err, deadline, done_fd=s.cout)
         if res["timed_out"] or (res.get("done") or {}).get("died"):
             s.close()
-            code, limit = status_to_result(_wait(s.pid), True)
+            code, limit = status_to_result(_wait(s.pid), not s.shell)
             if res["timed_out"]:
                 code, limit = -9, "wall"
-            SESSION = None
-            sweep(set())
+            del SESSIONS[kind]
+            sweep(_session_pids())
+        elif s.shell:  # a shell reports a child killed by signal N as 128 + N
+            code, limit = status_to_result(res["done"]["exit_code"] << 8, False)
         else:
             code = res["done"]["exit_code"]
             limit = "memory" if code == 137 else None
-        extra = {"session_started": fresh, "session_lost": SESSION is None}
+        extra = {"session_started": fresh, "session_lost": kind not in SESSIONS}
     else:
         pid, in_w, out_r, err_r = spawn(req)
         res = collect(pid, in_w, stdin, out_r, err_r, deadline)
         if res["timed_out"]:
             _kill(pid)
-            sweep({SESSION.pid} if SESSION else set())
+            sweep(_session_pids())
         status = res.get("status")
         if status is None:
             status = _wait(pid)
@@ -475,8 +524,8 @@ def main() -> None:
     while True:
         req = recv(PROTO_IN)
         if req is None:
-            if SESSION:
-                SESSION.close()
+            for s in SESSIONS.values():
+                s.close()
             sweep(set())
             return
         try:

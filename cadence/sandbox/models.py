@@ -23,8 +23,10 @@ class Limits(BaseModel):
 
 
 class ExecRequest(BaseModel):
-    """Run a command (argv list or shell string) or Python code. `session=True` with `code` runs
-    it in the sandbox's persistent Python session, whose globals survive across calls."""
+    """Run a command (argv list or shell string) or Python code. `session=True` runs it in one
+    of the sandbox's persistent sessions: `code` in the Python session (globals survive across
+    calls), `cmd` in the shell session (bash, else sh: the working directory, exported
+    variables and functions survive; `env` is exported into it)."""
 
     model_config = ConfigDict(extra="forbid")
 

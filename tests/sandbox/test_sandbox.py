@@ -76,6 +76,27 @@ def test_session_timeout_resets_session(box):
     assert r.session_started and r.stdout == "False\n"
 
 
+def test_shell_session_keeps_cwd_variables_and_functions(box):
+    first = box.exec("mkdir -p src && cd src && export STAGE=built && greet() { echo hi $1; }", session=True)
+    assert first.ok and first.session_started
+    r = box.exec("pwd; echo $STAGE; greet you; cat", session=True, stdin="piped\n")
+    assert r.stdout == "/workspace/src\nbuilt\nhi you\npiped\n" and not r.session_started
+    assert box.exec("pwd").stdout == "/workspace\n"  # a one-shot call has its own shell
+    r = box.exec(["printf", "%s|%s", "it's", "$STAGE"], session=True, env={"EXTRA": "a b"})
+    assert r.stdout == "it's|$STAGE"  # an argv is quoted, not expanded
+    r = box.exec('echo "$EXTRA"; ls /nope', session=True)
+    assert r.stdout == "a b\n" and r.exit_code == 2 and "No such file" in r.stderr
+    # The Python session is a separate one, and survives the shell's timeout and exit.
+    box.exec(code="kept = 7", session=True)
+    r = box.exec("sleep 30", session=True, timeout_s=0.5)
+    assert r.limit == "wall" and r.session_lost
+    assert box.exec(code="print(kept)", session=True).stdout == "7\n"
+    r = box.exec("echo ${STAGE:-gone}; pwd", session=True)
+    assert r.session_started and r.stdout == "gone\n/workspace\n"
+    r = box.exec("exit 3", session=True)
+    assert r.exit_code == 3 and r.session_lost
+
+
 def test_memory_cpu_file_size_limits(small_box):
     assert small_box.exec(code="x = bytearray(512 << 20)").limit == "memory"
     assert small_box.exec(code="x = bytearray(512 << 20)", session=True).limit == "memory"

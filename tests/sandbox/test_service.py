@@ -11,7 +11,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cadence.sandbox import Limits, SandboxError
+from cadence.sandbox import Limits, SandboxError, cgroup
 from cadence.sandbox.cli import app
 from cadence.sandbox.client import AsyncSandbox, Sandbox
 from cadence.sandbox.testing import free_port, running_service
@@ -56,11 +56,16 @@ def test_sdk_sync_round_trip(service):
         assert sb.exec("echo hi").stdout == "hi\n"
         sb.exec(code="n = 41", session=True)
         assert sb.exec(code="print(n + 1)", session=True).stdout == "42\n"
+        sb.exec("cd /tmp && export N=41", session=True)
+        assert sb.exec("echo $N $(pwd)", session=True).stdout == "41 /tmp\n"
         assert sb.write_file("d/x.bin", b"\x00\xff") == "/workspace/d/x.bin"
         assert sb.read_file("d/x.bin") == b"\x00\xff"
         assert sb.exec(["cat"], stdin="piped").stdout == "piped"
         info = sb.status()
-        assert info.state == "busy" and info.execs == 6
+        assert info.state == "busy" and info.execs == 8
+        assert info.pid
+        if cgroup.available():  # the sandbox's own cgroup: its CPU, memory and processes
+            assert info.cpu_s > 0 and info.memory_mb > 0 and info.processes >= 2
         sid = sb.id
     events = httpx.get(f"{url}/v1/events", params={"sandbox_id": sid},
                        headers={"Authorization": f"Bearer {token}"}).json()
