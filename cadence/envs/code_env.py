@@ -131,6 +131,7 @@ class CodeEnv:
         backend: str = "subprocess",
         tasks: list[str] | None = None,
         executor: Executor | None = None,
+        sandbox_url: str | None = None,
     ) -> None:
         families = tuple(tasks or TASKS)
         unknown = [name for name in families if name not in TASKS]
@@ -139,7 +140,10 @@ class CodeEnv:
         if executor is None:
             if backend not in EXECUTORS:
                 raise ValueError(f"code env: unknown backend {backend!r}; known: {list(EXECUTORS)}")
-            executor = EXECUTORS[backend](memory_mb=memory_mb)
+            if sandbox_url is not None and backend != "sandbox":
+                raise ValueError("code env: sandbox_url needs backend='sandbox'")
+            service = {"url": sandbox_url} if sandbox_url is not None else {}  # else a local sandbox
+            executor = EXECUTORS[backend](memory_mb=memory_mb, **service)
         self.executor = executor
         self.timeout_s, self.output_chars, self.families = timeout_s, output_chars, families
         self.answer: int | None = None

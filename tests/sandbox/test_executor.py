@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import httpx
+import pytest
+
 from cadence.envs.code_env import CodeEnv
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.executor import SandboxExecutor
@@ -45,7 +48,7 @@ def test_code_env_on_the_sandbox_backend():
         env.executor.close()
 
 
-def test_executor_on_the_service(tmp_path):
+def test_executor_on_the_service(tmp_path, monkeypatch):
     with running_service(str(tmp_path), "--warm", "0") as (url, token, _):
         ex = SandboxExecutor(url=url, token=token)
         try:
@@ -53,3 +56,16 @@ def test_executor_on_the_service(tmp_path):
             assert isinstance(ex._box, Sandbox)
         finally:
             ex.close()
+        # From a config: env.kwargs.backend=sandbox env.kwargs.sandbox_url=URL (token from the environment)
+        monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", token)
+        env = CodeEnv(backend="sandbox", sandbox_url=url)
+        try:
+            env.reset(seed=1)
+            obs, *_ = env.step("```python\nimport os; print(os.getuid(), os.getcwd())\n```")
+            assert "65534 /workspace" in obs
+            leased = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}).json()["counts"]["busy"]
+            assert leased == 1  # the code ran on the service
+        finally:
+            env.executor.close()
+    with pytest.raises(ValueError, match="sandbox_url needs backend='sandbox'"):
+        CodeEnv(sandbox_url="http://127.0.0.1:1")
