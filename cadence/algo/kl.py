@@ -84,11 +84,19 @@ def kl_reward_penalty(
 
 
 def shape_token_rewards(
-    rewards: Tensor, mask: Tensor, logprobs: Tensor, ref_logprobs: Tensor, cfg: KLConfig
+    rewards: Tensor,
+    mask: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    cfg: KLConfig,
+    token_rewards: Tensor | None = None,
 ) -> Tensor:
     """Token rewards with a KL penalty: r[i, t] = R_i [t = last] - coef * k[i, t] * m[i, t].
 
-    Feed the result to `compute_advantages(..., token_rewards=...)` with an
-    estimator that accepts token rewards (gae, reinforce_plus_plus).
+    `token_rewards` [B, T], when given, replaces R_i [t = last] (an episode's
+    rewards, each on its turn's last token). Feed the result to
+    `compute_advantages(..., token_rewards=...)` with an estimator that
+    accepts token rewards (gae, reinforce_plus_plus, turn_grpo).
     """
-    return last_token_rewards(rewards, mask) - kl_reward_penalty(logprobs, ref_logprobs, mask, cfg)
+    base = last_token_rewards(rewards, mask) if token_rewards is None else token_rewards
+    return base - kl_reward_penalty(logprobs, ref_logprobs, mask, cfg)

@@ -25,7 +25,7 @@ from cadence.algo.advantages import spec as advantage_spec
 from cadence.algo.aggregation import batch_denominators
 from cadence.algo.asyppo import aggregate_values, uncertainty_masks
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.kl import kl_reward_penalty
+from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm import shape_advantages
@@ -143,7 +143,9 @@ class PolicyTrainer:
         if ref is not None and self.algo.kl.mode == "reward":
             # KL as reward shaping penalises, per token, pi_old's drift from pi_ref: the policy
             # being improved, whatever version sampled the tokens (`_needs_old_logprobs`).
-            token_rewards = batch.token_rewards - kl_reward_penalty(old, ref, batch.mask, self.algo.kl)
+            token_rewards = shape_token_rewards(
+                batch.rewards, batch.mask, old, ref, self.algo.kl, token_rewards=batch.token_rewards
+            )
         values = sigma = None
         if self.critics is not None:
             all_values = self.critics.values(batch)  # [M, B, T]
