@@ -4,7 +4,8 @@ server-sent-event stream that pushes what changed, and the static page.
     GET /                                  the page (static/index.html)
     GET /api/runs                          every run: state, error, step, reward, pass@1
     GET /api/runs/{run}                    config, status (with the traceback), summary, checkpoints, errors
-    GET /api/runs/{run}/metrics?keys=a,b   per key, steps and values (thinned to max_points)
+    GET /api/runs/{run}/metrics?keys=a,b   per key, steps and values (thinned to max_points);
+                          ?match=REGEX   or every key the regular expression finds
     GET /api/runs/{run}/timeline?last_s=   pipeline spans per actor, staleness histogram, alpha
     GET /api/runs/{run}/samples            the newest logged groups
     GET /api/runs/{run}/samples/{step}/{group}   one group's samples, turn by turn, token by token
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +65,9 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
             raise HTTPException(404, f"no run {name!r} under {runs_dir}")
         return found
 
-    async def refreshed(name: str) -> RunReader:
+    async def refreshed(name: str, **parts: bool) -> RunReader:
         found = reader(name)
-        await asyncio.to_thread(found.refresh)
+        await asyncio.to_thread(found.refresh, **parts)
         return found
 
     @app.get("/")
@@ -96,21 +98,27 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
         return await asyncio.to_thread(reader(name).details)
 
     @app.get("/api/runs/{name}/metrics")
-    async def metrics(name: str, keys: str | None = None, max_points: int = 2000) -> dict[str, Any]:
-        found = await refreshed(name)
-        return found.series(keys.split(",") if keys else None, max(10, min(max_points, 100000)))
+    async def metrics(name: str, keys: str | None = None, match: str | None = None,
+                      max_points: int = 2000) -> dict[str, Any]:
+        found = await refreshed(name, events=False, samples=False)
+        if match is not None:
+            try:
+                re.compile(match)
+            except re.error as err:
+                raise HTTPException(400, f"match: not a regular expression ({err})") from None
+        return found.series(keys.split(",") if keys else None, max(10, min(max_points, 100000)), match)
 
     @app.get("/api/runs/{name}/timeline")
     async def timeline(name: str, last_s: float = 120.0) -> dict[str, Any]:
-        return (await refreshed(name)).timeline(last_s)
+        return (await refreshed(name, metrics=False, samples=False)).timeline(last_s)
 
     @app.get("/api/runs/{name}/samples")
     async def samples(name: str, limit: int = 50) -> list[dict[str, Any]]:
-        return (await refreshed(name)).sample_groups(limit)
+        return (await refreshed(name, metrics=False, events=False)).sample_groups(limit)
 
     @app.get("/api/runs/{name}/samples/{step}/{group_id}")
     async def group(name: str, step: int, group_id: int) -> list[dict[str, Any]]:
-        found = (await refreshed(name)).group(step, group_id)
+        found = (await refreshed(name, metrics=False, events=False)).group(step, group_id)
         if not found:
             raise HTTPException(404, f"step {step} group {group_id} is not in the sample log (any more)")
         return found

@@ -10,8 +10,10 @@ file tailed from the byte offset where the last read stopped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 import threading
 from collections import Counter, deque
 from pathlib import Path
@@ -41,7 +43,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    t = type(v)
+    return t is int or (t is float and v - v == 0.0)  # v - v is nan for inf and nan; bools are not numbers
 
 
 class RunReader:
@@ -51,6 +54,9 @@ class RunReader:
         self._lock = threading.Lock()  # SSE streams of several browsers refresh one reader
         self._metrics = JsonlTail(run_dir / "metrics.jsonl")
         self.rows: list[dict[str, Any]] = []
+        self.keys: set[str] = set()
+        # key -> (steps, values, rows read): built when a chart first asks, then extended
+        self._columns: dict[str, tuple[list, list, int]] = {}
         self.generation = 0  # +1 whenever the rows start over (metrics.jsonl cut back on resume)
         self._event_tails: dict[str, JsonlTail] = {}
         self.spans: dict[str, deque] = {}
@@ -63,14 +69,22 @@ class RunReader:
         self.sample_count = 0
 
     # -- refreshing ------------------------------------------------------------------
-    def refresh(self) -> None:
+    def refresh(self, metrics: bool = True, events: bool = True, samples: bool = True) -> None:
         with self._lock:
-            new = self._metrics.read()
-            if self._metrics.reset:
-                self.rows, self.generation = [], self.generation + 1
-            self.rows.extend(new)
-            self._refresh_events()
-            self._refresh_samples()
+            if metrics:
+                self._refresh_metrics()
+            if events:
+                self._refresh_events()
+            if samples:
+                self._refresh_samples()
+
+    def _refresh_metrics(self) -> None:
+        new = self._metrics.read()
+        if self._metrics.reset:
+            self.rows, self.keys, self._columns, self.generation = [], set(), {}, self.generation + 1
+        self.rows.extend(new)
+        for row in new:
+            self.keys.update(row)
 
     def _refresh_events(self) -> None:
         folder = self.dir / EVENTS_DIR
@@ -102,20 +116,32 @@ class RunReader:
         self.sample_count += len(records)
 
     # -- what the API returns --------------------------------------------------------
-    def series(self, keys: list[str] | None, max_points: int = 2000) -> dict[str, Any]:
-        """Per key, (step, value) over the rows that have it, thinned to `max_points` by taking
-        every n-th point (the last point always kept)."""
-        rows = self.rows
+    def series(self, keys: list[str] | None, max_points: int = 2000, match: str | None = None) -> dict[str, Any]:
+        """Per key (the given ones, or every key matching the regular expression `match`, or all),
+        (step, value) over the rows that have it, thinned to `max_points` by taking every n-th
+        point (the last point always kept)."""
         if keys is None:
-            keys = sorted({k for r in rows[-50:] + rows[:50] for k, v in r.items() if k != "step" and _finite(v)})
+            keys = sorted(k for k in self.keys - {"step"} if match is None or re.search(match, k))
         out = {}
         for key in keys:
-            pts = [(r["step"], r[key]) for r in rows if _finite(r.get(key))]
-            stride = max(1, math.ceil(len(pts) / max_points))
-            if stride > 1:
-                pts = pts[::stride] + ([pts[-1]] if (len(pts) - 1) % stride else [])
-            out[key] = {"x": [p[0] for p in pts], "y": [p[1] for p in pts]}
-        return {"generation": self.generation, "rows": len(rows), "series": out}
+            xs, ys = self._column(key)
+            if not xs and match is not None:
+                continue  # a key whose values are not numbers
+            stride = max(1, math.ceil(len(xs) / max_points))
+            last = [] if stride == 1 or (len(xs) - 1) % stride == 0 else [-1]
+            out[key] = {"x": xs[::stride] + [xs[i] for i in last], "y": ys[::stride] + [ys[i] for i in last]}
+        return {"generation": self.generation, "rows": len(self.rows), "series": out}
+
+    def _column(self, key: str) -> tuple[list, list]:
+        with self._lock:
+            xs, ys, upto = self._columns.get(key, ([], [], 0))
+            for row in itertools.islice(self.rows, upto, None):
+                v = row.get(key)
+                if v is not None and _finite(v):
+                    xs.append(row["step"])
+                    ys.append(v)
+            self._columns[key] = (xs, ys, len(self.rows))
+            return xs, ys
 
     def new_rows(self, since: int) -> list[dict[str, Any]]:
         return [{k: v for k, v in r.items() if k == "step" or _finite(v)} for r in self.rows[since:]]

@@ -37,13 +37,17 @@ class JsonlTail:
             data = f.read(st.st_size - self.offset)
         end = data.rfind(b"\n") + 1  # only whole lines
         self.offset += end
+        lines = [line for line in data[:end].splitlines() if line.strip()]
+        try:  # one parse of the whole chunk: several times faster than a call per line
+            return json.loads(b"[" + b",".join(lines) + b"]")
+        except json.JSONDecodeError:
+            pass
         records = []
-        for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a kill, then appended to
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill, then appended to
         return records
 
 

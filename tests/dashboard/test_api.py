@@ -28,6 +28,9 @@ def test_runs_details_metrics_timeline_and_samples(runs_root: Path) -> None:
     assert "KeyError" in details["status"]["traceback"] and "steps: 2" in details["config"]
     series = client.get("/api/runs/done/metrics", params={"keys": "reward/mean,train/loss"}).json()["series"]
     assert series["reward/mean"] == {"x": [1, 2, 3, 4, 5], "y": [0.2, 0.4, 0.6, 0.8, 1.0]}
+    assert list(client.get("/api/runs/done/metrics", params={"match": "^(reward|perf)/"}).json()["series"]) == [
+        "perf/samples_per_s", "reward/mean"]
+    assert client.get("/api/runs/done/metrics", params={"match": "(("}).status_code == 400
     timeline = client.get("/api/runs/done/timeline").json()
     assert timeline["staleness"] == {"0": 15, "1": 5} and len(timeline["spans"]["trainer"]) == 5
     groups = client.get("/api/runs/done/samples").json()
