@@ -129,6 +129,15 @@ class TrainerConfig(Section):
         "several updates (epochs or mini_batches > 1): with one update pi_old is the updating policy "
         "itself, stale samples included (their behaviour log-probs come from the engine)."
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With runtime.trainer_workers > 1: 'ddp' keeps a whole policy on every rank and "
+        "all-reduces gradients; 'fsdp' shards weights, gradients and optimizer state over the ranks "
+        "(FSDP2 fully_shard per decoder layer, then the whole model)."
+    )
+    cpu_offload: bool = Field(
+        False, description="trainer.strategy=fsdp: keep the sharded weights and optimizer state in CPU memory "
+        "between uses (saves accelerator memory; no effect on a CPU-only run)."
+    )
 
 
 class RuntimeConfig(Section):
@@ -150,6 +159,13 @@ class RuntimeConfig(Section):
         False, description="ray only: run actor_attn (algorithm.credit=local/global/coupled) in its own Ray actor."
     )
     credit_cpus: float = Field(1.0, gt=0, description="CPUs of the actor_attn actor, ray only.")
+    trainer_workers: int = Field(
+        1, gt=0, description="Data-parallel trainer ranks in one torch.distributed group (gloo on CPU, NCCL on "
+        "GPU): processes on this machine (inline) or Ray actors in a placement group (ray); each trains on a "
+        "token-balanced share of every batch. 1: the trainer runs in this process."
+    )
+    trainer_cpus: float = Field(1.0, gt=0, description="CPUs per trainer rank (its torch threads), ray only.")
+    trainer_gpus: float = Field(0.0, ge=0, description="GPUs per trainer rank, ray only (NCCL when > 0).")
 
 
 class LoggingConfig(Section):
@@ -258,6 +274,7 @@ class RunConfig(Section):
             raise ValueError(
                 "runtime.credit_actor=true needs runtime.kind=ray and algorithm.credit=local, global or coupled"
             )
+        _check_trainer_workers(self)
         if self.runtime.kind == "inline" and self.runtime.rollout_workers > 1:
             raise ValueError(
                 "runtime.rollout_workers > 1 needs runtime.kind=ray (inline runs one worker)"
@@ -293,6 +310,30 @@ class RunConfig(Section):
 
     def run_dir(self) -> Path:
         return Path(self.logging.run_dir.format(name=self.logging.name))
+
+
+def _check_trainer_workers(cfg: RunConfig) -> None:
+    """Data-parallel trainer settings that cannot work, before any rank starts."""
+    ranks, rt = cfg.runtime.trainer_workers, cfg.runtime
+    if ranks == 1:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if rt.kind == "inline" and ranks > cores:
+        raise ValueError(
+            f"runtime.trainer_workers={ranks} exceeds the {cores} CPUs of this machine (one per rank); "
+            f"set runtime.trainer_workers<={cores}, or runtime.kind=ray on a cluster"
+        )
+    mini = cfg.batch_size // cfg.trainer.mini_batches
+    if mini < ranks:
+        raise ValueError(
+            f"runtime.trainer_workers={ranks} is more than the {mini} sequences of a mini-batch: every rank "
+            "needs one; lower runtime.trainer_workers or trainer.mini_batches"
+        )
+    if rt.critic_actor or rt.credit_actor:
+        raise ValueError(
+            "runtime.critic_actor/credit_actor run one copy beside one trainer; with runtime.trainer_workers > 1 "
+            "each rank holds its own share, so set them to false"
+        )
 
 
 def _chain_answers_fit(data: dict) -> dict:
@@ -427,6 +468,27 @@ def check_paths(cfg: RunConfig) -> None:
             raise ConfigError(f"invalid config:\n  {err}") from None
     check_data(cfg.task)
     check_packages(cfg)
+    check_fsdp_layers(cfg)
+
+
+def check_fsdp_layers(cfg: RunConfig) -> None:
+    """trainer.strategy=fsdp shards decoder layers: find them in the model (built on the meta
+    device from its config.json, no weights read)."""
+    if cfg.trainer.strategy != "fsdp" or cfg.runtime.trainer_workers == 1:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from cadence.models.loading import resolve_model_path
+    from cadence.train.data_parallel import decoder_layers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(cfg.model.path)))
+    if not decoder_layers(model):
+        raise ConfigError(
+            f"invalid config:\n  trainer.strategy=fsdp: no decoder layers found in {type(model).__name__} "
+            "(its _no_split_modules names none); use trainer.strategy=ddp"
+        )
 
 
 def check_packages(cfg: RunConfig) -> None:

@@ -7,6 +7,9 @@ Layout of `<run>/checkpoints/step_N/`:
                        data cursor, counters (samples seen), and the step number
   run_config.yaml   -> the config this checkpoint was trained under (what
                        `--resume` compares the new config with)
+  sharded/          -> data-parallel runs only: torch.distributed.checkpoint
+                       shards of weights and optimizer state (the optimizer is
+                       then not in trainer_state.pt); loads into any rank count
 A checkpoint is written to `step_N.tmp` and renamed when complete, so a kill
 during the save never leaves a half checkpoint that resume would pick.
 """
@@ -24,6 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STATE_FILE = "trainer_state.pt"
+SHARDED_DIR = "sharded"  # data-parallel runs: weights and optimizer state per rank (DCP)
 
 
 def rng_state() -> dict[str, Any]:
@@ -80,6 +84,46 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Each data-parallel rank writes the weights and optimizer state it holds (DCP), under
+    `folder/sharded`. Keys are the plain model's parameter names, so any number of ranks,
+    or one process, can load them (`load_sharded` reshards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder / SHARDED_DIR)
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Weights and optimizer state from `folder/sharded`, resharded to this process's ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)  # the layout to read into
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=folder / SHARDED_DIR)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_full_optimizer(
+    model: torch.nn.Module, names: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """A one-process optimizer state (parameters by position) into a data-parallel optimizer.
+
+    Positions follow `names.named_parameters()` (the plain model the state was saved from;
+    tied weights appear once); each rank keeps its shard of the full tensors.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    fqns = [n for n, p in names.named_parameters() if p.requires_grad]
+    by_name = {
+        "state": {fqns[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def load_state(path: Path) -> dict[str, Any]:

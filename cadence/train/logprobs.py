@@ -7,6 +7,8 @@ distribution (T = 1 for greedy decoding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
@@ -42,14 +44,20 @@ def batched_logprobs(
     temperature: float,
     micro: int,
     max_tokens: int | None = None,
+    even: Callable[[list[Tensor]], tuple[list[Tensor], int]] | None = None,
 ) -> Tensor:
     """No-grad log-probs over a whole batch in length-sorted micro-batches (see `micro_batches`).
 
     Each micro-batch is cut to its longest row; padding positions come back as 0.
+    `even` (FSDP ranks) pads the list of micro-batches to every rank's count with
+    repeats, whose identical results are written twice.
     """
     lengths = attention_mask.sum(1)
     out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
-    for rows in micro_batches(lengths, micro, max_tokens):
+    parts = micro_batches(lengths, micro, max_tokens)
+    if even is not None:
+        parts, _ = even(parts)
+    for rows in parts:
         width = int(lengths[rows].max())
         logits = forward_logits(model, input_ids[rows, :width], attention_mask[rows, :width])
         out[rows, : width - 1] = token_logprobs(logits, input_ids[rows, :width], temperature)

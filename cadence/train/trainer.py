@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -28,13 +29,15 @@ from cadence.algo.config import AlgorithmConfig
 from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
-from cadence.algo.rhythm import shape_advantages
+from cadence.algo.rhythm import credit_metrics, shape_advantages
 from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
+from cadence.train.checkpoint import load_full_optimizer, load_sharded, save_sharded
 from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble
+from cadence.train.data_parallel import DataParallel
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
 
 # compute_policy_loss metrics that are sums over micro-batches (each already divided by the
@@ -70,8 +73,10 @@ class PolicyTrainer:
         reference: PreTrainedModel | None = None,
         critics: CriticEnsemble | None = None,
         credit: AttentionCredit | RemoteCredit | None = None,
+        dp: DataParallel | None = None,
     ) -> None:
-        self.policy = policy.train()
+        self.dp = dp  # None: one process, no torch.distributed
+        self.model = policy.train()  # the plain Hugging Face module
         self.cfg = trainer_cfg
         self.algo = algo_cfg
         self.temperature = temperature
@@ -82,12 +87,17 @@ class PolicyTrainer:
         if algo_cfg.kl.coef > 0 and reference is None:
             reference = frozen_copy(policy)
         self.reference = reference if algo_cfg.kl.coef > 0 else None
+        # Data parallel: DDP's wrapper, or the same module sharded by FSDP2 (its parameters
+        # become DTensors, so the optimizer is built after this).
+        self.policy = dp.wrap(policy) if dp is not None else policy
         self.critics = critics
+        if dp is not None and isinstance(critics, CriticEnsemble):
+            critics.dp = dp
         # Weights, gradients and AdamW's two moments: 16 bytes per fp32 parameter.
         self._critic_params = critics.num_parameters() if critics is not None else 0
         self.credit = credit
         self.optimizer = torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad],
+            [p for p in self.policy.parameters() if p.requires_grad],
             lr=trainer_cfg.lr,
             betas=trainer_cfg.betas,
             weight_decay=trainer_cfg.weight_decay,
@@ -98,14 +108,16 @@ class PolicyTrainer:
     def step(self, groups: list[Group]) -> dict[str, float]:
         start = time.perf_counter()
         batch = collate(flatten(groups), self.pad_id)
-        old_logprobs = self._old_logprobs(batch)
-        ref_logprobs = self._ref_logprobs(batch)
+        old_logprobs = self._over_shares(self._old_logprobs, batch)
+        ref_logprobs = self._over_shares(self._ref_logprobs, batch)
         advantages, masks, extra = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
         updates = 0
         warming_up = self.critics is not None and self.steps < self.algo.critic.warmup_steps
         for _ in range(0 if warming_up else self.cfg.epochs):
             order = torch.randperm(len(batch))
+            if self.dp is not None:  # ranks' RNGs drift apart (dropout): rank 0's order for all
+                order = self.dp.broadcast(order)
             for rows in order.chunk(self.cfg.mini_batches):
                 m = self._update(
                     batch.select(rows), advantages[rows], old_logprobs, ref_logprobs, rows,
@@ -121,8 +133,7 @@ class PolicyTrainer:
         self.steps += 1
         if updates:  # a version is a set of weights: critic warm-up steps leave it unchanged
             self.version += 1
-            if self.credit is not None:
-                self.credit.sync(self.policy, self.version)
+            self._sync_credit()
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/seconds"] = time.perf_counter() - start
         metrics["train/staleness_mean"] = float(staleness.mean())
@@ -148,7 +159,7 @@ class PolicyTrainer:
             )
         values = sigma = None
         if self.critics is not None:
-            all_values = self.critics.values(batch)  # [M, B, T]
+            all_values = self._over_shares(self.critics.values, batch, dim=1)  # [M, B, T]
             values, sigma = aggregate_values(all_values)
         out = compute_advantages(
             self.algo, batch.rewards, batch.group_ids, batch.mask, values=values, token_rewards=token_rewards
@@ -169,10 +180,51 @@ class PolicyTrainer:
                 metrics["asyppo/adv_masked_fraction"] = float(((1 - adv_mask) * batch.mask).sum() / valid)
                 metrics["asyppo/entropy_masked_fraction"] = float(((1 - entropy_mask) * batch.mask).sum() / valid)
         if self.credit is not None:
-            gammas, credit_metrics = self.credit.gammas(batch)
+            gammas, credit_metrics = self._gammas(batch)
             advantages = shape_advantages(advantages, gammas, batch.mask, self.algo.rhythm.both_signs)
             metrics.update(credit_metrics)
         return advantages, masks, metrics
+
+    # -- data parallel ---------------------------------------------------------
+    def _over_shares(self, fn, batch: TrainBatch, dim: int = 0) -> torch.Tensor | None:
+        """A row-wise pass over the batch: on each rank's share, gathered into the whole batch's."""
+        if self.dp is None:
+            return fn(batch)
+        rows = self.dp.rows(torch.arange(len(batch)), batch.attention_mask.sum(1))
+        local = fn(batch.select(rows))
+        return None if local is None else self.dp.gather_rows(local, rows, len(batch), dim)
+
+    def _gammas(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Attention-rhythm gammas for the batch; with data parallelism each rank reads the
+        attention of its own share."""
+        if self.dp is None:
+            return self.credit.gammas(batch)
+        seconds = 0.0
+
+        def local(part: TrainBatch) -> torch.Tensor:
+            nonlocal seconds
+            gammas, metrics = self.credit.gammas(part)
+            seconds = metrics["rhythm/attention_seconds"]
+            return gammas
+
+        gammas = self._over_shares(local, batch)
+        return gammas, {**credit_metrics(gammas, batch.mask), "rhythm/attention_seconds": seconds}
+
+    def _sync_credit(self) -> None:
+        """actor_attn follows the policy's weights (full ones: each rank's copy is whole)."""
+        if self.credit is None:
+            return
+        if self.dp is None:
+            self.credit.sync(self.policy, self.version)
+        else:
+            self.credit.sync_weights(self.dp.full_state_dict(self.policy, everywhere=True), self.version)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights for the engines (data parallel: a collective; rank 0's are
+        whole, the other ranks get an empty dict)."""
+        if self.dp is None:
+            return self.policy.state_dict()
+        return self.dp.full_state_dict(self.policy)
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """pi_old is the policy at the start of this step. With one update per batch that is
@@ -192,7 +244,7 @@ class PolicyTrainer:
         self.policy.eval()  # dropout off: pi_old must be a deterministic function of the weights
         old = batched_logprobs(
             self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
-            self.cfg.micro_batch_tokens,
+            self.cfg.micro_batch_tokens, even=self.dp.even if self.dp is not None else None,
         )
         self.policy.train()
         return old
@@ -217,11 +269,20 @@ class PolicyTrainer:
     ) -> dict[str, float]:
         """One optimizer update over a mini-batch, accumulated over micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
-        tokens, seqs = batch_denominators(mini.mask)
+        if self.dp is None:
+            tokens, seqs = batch_denominators(mini.mask)
+        else:  # this rank's share of the mini-batch, over the whole mini-batch's denominators
+            share = self.dp.rows(torch.arange(len(mini)), mini.attention_mask.sum(1))
+            mini, advantages, rows = mini.select(share), advantages[share], rows[share]
+            adv_mask = adv_mask[share] if adv_mask is not None else None
+            entropy_mask = entropy_mask[share] if entropy_mask is not None else None
+            tokens, seqs = self.dp.denominators(mini.mask)
         sums: dict[str, float] = {}
         # Similar lengths share a micro-batch (less padding); the loss is a sum over
         # micro-batches with mini-batch denominators, so the grouping cannot change it.
-        for idx in micro_batches(mini.attention_mask.sum(1), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+        parts = micro_batches(mini.attention_mask.sum(1), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        parts, real = self.dp.even(parts) if self.dp is not None else (parts, len(parts))
+        for n, idx in enumerate(parts):
             part = mini.select(idx).trimmed()
             sel = rows[idx]
             width = part.mask.shape[1]
@@ -246,7 +307,15 @@ class PolicyTrainer:
                 token_denominator=float(tokens),
                 seq_denominator=float(seqs),
             )
-            out.loss.backward()
+            if self.dp is None:
+                out.loss.backward()
+            else:
+                # DDP and FSDP average gradients over ranks; the world size undoes that, and a
+                # padding micro-batch (n >= real, FSDP only) contributes nothing.
+                with self.dp.grad_sync(self.policy, enabled=n == len(parts) - 1):
+                    (out.loss * (self.dp.world if n < real else 0.0)).backward()
+                if n >= real:
+                    continue
             # Loss-like metrics are already normalised by the whole mini-batch, so they add up;
             # per-token averages (ratios, clip fractions) are weighted by the part's share.
             share = float(part.mask.sum()) / max(float(tokens), 1.0)
@@ -256,27 +325,38 @@ class PolicyTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
+        if self.dp is not None:  # each rank's sums cover its share: together, the mini-batch's
+            sums = self.dp.sum_metrics(sums)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         sums["train/grad_norm"] = float(grad_norm)
         return sums
 
     # -- state for checkpoints ----------------------------------------------
     def state_dict(self) -> dict:
-        state = {
-            "version": self.version,
-            "steps": self.steps,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-        }
+        state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
+        if self.dp is None:  # data parallel: the optimizer's shards go to `save_sharded`
+            state["optimizer"] = self.optimizer.state_dict()
         if self.critics is not None:
             state["critics"] = self.critics.state_dict()
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def save_sharded(self, folder: Path) -> None:
+        save_sharded(self.policy, self.optimizer, folder)
+
+    def load_state_dict(self, state: dict, folder: Path | None = None) -> None:
+        """`state` from `state_dict`; `folder` is the checkpoint, read when its optimizer state
+        is sharded (a data-parallel run's). Any rank count resumes any other's checkpoint."""
         self.version = int(state["version"])
         self.steps = int(state.get("steps", self.version))  # older checkpoints: no warm-up steps
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" not in state:
+            if folder is None:
+                raise ValueError("this checkpoint's optimizer state is sharded: pass its folder")
+            load_sharded(self.policy, self.optimizer, folder)
+        elif self.dp is None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            load_full_optimizer(self.policy, self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critics is not None:
             self.critics.load_state_dict(state["critics"])
-        if self.credit is not None:
-            self.credit.sync(self.policy, self.version)
+        self._sync_credit()

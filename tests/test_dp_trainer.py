@@ -1,0 +1,140 @@
+"""Data-parallel trainer: N ranks (spawned processes, gloo) match one rank on the same batch.
+
+The ranks are real: `TrainerGroup` spawns them, they join one torch.distributed
+group and run `PolicyTrainer` with DDP or FSDP2; the one-rank reference is the
+plain in-process `PolicyTrainer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cadence.algo.config import AlgorithmConfig
+from cadence.config import RuntimeConfig, TrainerConfig
+from cadence.models.tiny import tiny_model
+from cadence.rollout.sample import Group, Sample
+from cadence.runtime.trainer_group import TrainerGroup
+from cadence.train.data_parallel import DataParallel
+from cadence.train.shard import rank_rows, token_balanced_bins
+from cadence.train.trainer import PolicyTrainer
+
+MODEL = dict(hidden_size=32, layers=2, heads=2)
+
+
+def make_groups(step: int) -> list[Group]:
+    """Three prompts of four responses with varied lengths and rewards (differs per step)."""
+    gen = torch.Generator().manual_seed(step)
+    groups = []
+    for gid in range(3):
+        g = Group(group_id=gid, prompt_id=str(gid))
+        prompt = torch.randint(4, 200, (2 + gid,), generator=gen).tolist()
+        for j in range(4):
+            n = int(torch.randint(1, 9, (1,), generator=gen))
+            resp = torch.randint(4, 200, (n,), generator=gen).tolist()
+            reward = float(torch.rand(1, generator=gen) > 0.5)
+            g.samples.append(Sample(str(gid), gid, prompt, resp, [-1.0] * n, reward, 0, "stop", f"r{j}"))
+        groups.append(g)
+    return groups
+
+
+def build_trainer(
+    trainer_cfg: TrainerConfig, algo: AlgorithmConfig, dp: DataParallel | None = None, weights: str | None = None
+) -> PolicyTrainer:
+    """The same tiny policy on every rank (and in the one-process reference); `weights`: a
+    saved checkpoint folder to start from instead."""
+    torch.manual_seed(0)
+    model = tiny_model(**MODEL) if weights is None else AutoModelForCausalLM.from_pretrained(weights)
+    return PolicyTrainer(model.train(), trainer_cfg, algo, 1.0, 0, dp=dp)
+
+
+def start_group(trainer_cfg: TrainerConfig, algo: AlgorithmConfig, weights: str | None = None) -> TrainerGroup:
+    build = functools.partial(build_trainer, trainer_cfg, algo, weights=weights)
+    return TrainerGroup(build, trainer_cfg, RuntimeConfig(trainer_workers=2))
+
+
+def steps(trainer: PolicyTrainer | TrainerGroup, first: int, last: int) -> list[dict[str, float]]:
+    return [trainer.step(make_groups(s)) for s in range(first, last)]
+
+
+def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    for key in ("train/loss", "train/grad_norm", "train/pg_loss"):
+        assert [m[key] for m in b] == pytest.approx([m[key] for m in a], rel=1e-5, abs=1e-7), key
+
+
+def assert_same_weights(a: dict, b: dict, start: dict | None = None) -> None:
+    """Equal up to float summation order (Adam divides by sqrt(v) and so magnifies it a little);
+    and the steps really moved them far more than that."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=0), (k, float((a[k] - b[k]).abs().max()))
+    if start is not None:
+        assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-3
+
+
+def test_token_balanced_bins_by_hand():
+    # Longest first, each to the lightest bin: 9->A, 7->B, 5->B(7<9), 4->A(9<12), 3->B(12<13), 1->A.
+    lengths = torch.tensor([3, 9, 1, 5, 7, 4])
+    bins = token_balanced_bins(lengths, 2)
+    assert [b.tolist() for b in bins] == [[1, 2, 5], [0, 3, 4]]
+    assert [int(lengths[b].sum()) for b in bins] == [14, 15]
+    assert [b.tolist() for b in token_balanced_bins(torch.tensor([2, 2, 2]), 3)] == [[0], [1], [2]]
+    # rank_rows picks from a subset of rows, balanced by those rows' lengths.
+    rows = torch.tensor([5, 1, 4])  # lengths 4, 9, 7
+    assert rank_rows(rows, lengths, 0, 2).tolist() == [1] and rank_rows(rows, lengths, 1, 2).tolist() == [5, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_match_one_rank_after_three_steps(strategy):
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy=strategy)
+    algo = AlgorithmConfig()
+    single = build_trainer(cfg, algo)
+    start = copy.deepcopy(single.policy.state_dict())
+    metrics_1 = steps(single, 0, 3)
+    group = start_group(cfg, algo)
+    try:
+        metrics_2 = steps(group, 0, 3)
+        weights_2 = group.weights()
+    finally:
+        group.close()
+    assert_same_metrics(metrics_1, metrics_2)
+    assert_same_weights(single.policy.state_dict(), weights_2, start)
+
+
+@pytest.mark.slow
+def test_resume_across_rank_counts_matches_continuing(tmp_path):
+    """1 rank -> checkpoint -> 2 FSDP ranks -> sharded checkpoint -> 1 rank: the weights after
+    each resumed step are those of one uninterrupted run."""
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy="fsdp")
+    algo = AlgorithmConfig()
+    whole = build_trainer(cfg, algo)
+    steps(whole, 0, 2)
+    at_2 = copy.deepcopy(whole.policy.state_dict())
+    state_2 = copy.deepcopy(whole.state_dict())
+    whole.policy.save_pretrained(tmp_path / "step_2")
+    steps(whole, 2, 3)
+    at_3 = copy.deepcopy(whole.policy.state_dict())
+    steps(whole, 3, 4)
+
+    group = start_group(cfg, algo, weights=str(tmp_path / "step_2"))
+    try:
+        group.load_state_dict(state_2)  # a one-process optimizer state, sharded over two ranks
+        steps(group, 2, 3)
+        assert_same_weights(at_3, group.weights(), at_2)
+        state_3 = group.state_dict()
+        assert "optimizer" not in state_3  # its shards are in the folder
+        group.save_sharded(tmp_path / "step_3")
+    finally:
+        group.close()
+
+    resumed = build_trainer(cfg, algo, weights=str(tmp_path / "step_2"))  # weights come from the shards
+    resumed.load_state_dict(state_3, tmp_path / "step_3")
+    assert_same_weights(at_3, resumed.policy.state_dict())
+    assert resumed.version == 3
+    steps(resumed, 3, 4)
+    assert_same_weights(whole.policy.state_dict(), resumed.policy.state_dict(), at_3)
