@@ -145,16 +145,17 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--sandboxes", type=int, default=8)
-    ap.add_argument("--starts", type=int, default=40)
+    ap.add_argument("--starts", type=int, default=40, help="cold starts measured")
+    ap.add_argument("--acquires", type=int, default=200, help="warm acquires measured (each way)")
     ap.add_argument("--out", default=None, help="write the numbers here as JSON")
     ap.add_argument("--doc", default=None, help="replace the table in this markdown file (e.g. docs/sandbox.md)")
     a = ap.parse_args()
     if a.quick:
-        a.rate, a.seconds, a.starts = 20.0, 5.0, 8
+        a.rate, a.seconds, a.starts, a.acquires = 20.0, 5.0, 8, 8
     load_before = os.getloadavg()
-    res = {"cold_start": cold_starts(a.starts), "warm_acquire_pool": warm_acquires_in_process(a.starts)}
+    res = {"cold_start": cold_starts(a.starts), "warm_acquire_pool": warm_acquires_in_process(a.acquires)}
     with tempfile.TemporaryDirectory() as tmp, running_service(tmp, "--warm", "2") as (url, token, _):
-        res["warm_acquire_http"] = warm_acquires_http(url, token, a.starts)
+        res["warm_acquire_http"] = warm_acquires_http(url, token, a.acquires)
         res["exec_load"] = asyncio.run(exec_load(url, token, a.rate, a.seconds, a.sandboxes))
     res["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                       "python": sys.version.split()[0]}
