@@ -5,11 +5,18 @@ FrozenLake and Sokoban know a shortest solution from any state
 plays an episode with it through the environment's own `step`, so a
 demonstration is a real trajectory: the observations the policy would see and
 responses in the action format it must learn (``<answer>Right</answer>``).
+
+A demonstrator can be made sloppy on purpose (`slip`): on that share of its
+turns it plays its environment's habitual mistake instead of the expert move,
+so a model warmed up on the demonstrations keeps the habit and RL has
+something to remove (the built-in arithmetic model forgets to carry the one
+the same way). FrozenLake's habit is walking as if there were no holes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,16 +47,39 @@ class Demonstration:
         return out
 
 
-def demonstrate(env: Any, seed: int, max_turns: int = 100, tag: str = "answer") -> Demonstration:
-    """Play one episode of `env` (with an `expert_action()` method) from `seed`."""
+def hole_blind_action(env: Any) -> str | None:
+    """FrozenLake's habitual mistake: the first move of a shortest path that ignores the holes."""
+    from cadence.envs.frozenlake import ACTIONS, shortest_path
+
+    path = shortest_path([row.replace("H", "F") for row in env.desc], env.state)
+    return ACTIONS[path[0]] if path else None
+
+
+HABITS: dict[str, Callable[[Any], str | None]] = {"FrozenLakeEnv": hole_blind_action}
+
+
+def demonstrate(
+    env: Any, seed: int, max_turns: int = 100, tag: str = "answer", slip: float = 0.0, rng: random.Random | None = None
+) -> Demonstration:
+    """Play one episode of `env` (with an `expert_action()` method) from `seed`.
+
+    With `slip` > 0, each turn plays the environment's habitual mistake
+    (`HABITS`) instead with that probability, drawn from `rng`.
+    """
     if not hasattr(env, "expert_action"):
         raise TypeError(f"{type(env).__name__} has no expert_action(): no scripted expert for it")
+    habit = HABITS.get(type(env).__name__)
+    if slip > 0 and habit is None:
+        raise ValueError(f"{type(env).__name__} has no habitual mistake to slip into; use slip=0")
+    rng = rng or random.Random(seed)
     observation, _ = env.reset(seed)
     demo = Demonstration(seed)
     for _ in range(max_turns):
         action = env.expert_action()
         if action is None:  # no way to win from here (a slippery lake can strand you)
             break
+        if slip > 0 and rng.random() < slip:
+            action = habit(env) or action
         response = f"<{tag}>{action}</{tag}>"
         next_observation, reward, terminated, truncated, _ = env.step(action)
         demo.turns.append(Turn(observation, response, float(reward)))
@@ -63,10 +93,11 @@ def demonstrate(env: Any, seed: int, max_turns: int = 100, tag: str = "answer") 
 
 
 def demonstrations(
-    name: str, seeds: Iterable[int], kwargs: dict[str, Any] | None = None, max_turns: int = 100
+    name: str, seeds: Iterable[int], kwargs: dict[str, Any] | None = None, max_turns: int = 100, slip: float = 0.0
 ) -> list[Demonstration]:
-    """Expert episodes of built-in env `name` ('frozenlake' or 'sokoban'), one per seed."""
+    """Expert episodes of built-in env `name` ('frozenlake' or 'sokoban'), one per seed;
+    `slip`: the share of turns the demonstrator plays its habitual mistake (see `demonstrate`)."""
     from cadence.envs.registry import resolve_env_class
 
     env = resolve_env_class(name)(**(kwargs or {}))
-    return [demonstrate(env, seed, max_turns) for seed in seeds]
+    return [demonstrate(env, seed, max_turns, slip=slip, rng=random.Random(seed)) for seed in seeds]

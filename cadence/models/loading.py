@@ -1,8 +1,9 @@
 """Load policies and tokenizers from local Hugging Face checkpoints.
 
 `model.path` is either a folder that `AutoModelForCausalLM.from_pretrained`
-reads, or `builtin`, the small arithmetic model shipped inside the package
-(made by `cadence sft`, see `cadence/configs/sft_arith.yaml`).
+reads, or one of the small models shipped inside the package (made by
+`cadence sft`): `builtin`, the arithmetic model (`cadence/configs/sft_arith.yaml`),
+or `builtin:frozenlake` (`cadence/configs/sft_frozenlake.yaml`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,19 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "arith-tiny"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BUILTIN_DIR = ASSETS / "arith-tiny"
+# model.path name -> (shipped folder, the sft config that regenerates it)
+BUILTINS = {
+    "builtin": (BUILTIN_DIR, "cadence/configs/sft_arith.yaml"),
+    "builtin:frozenlake": (ASSETS / "frozenlake-tiny", "cadence/configs/sft_frozenlake.yaml"),
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(path: str) -> Path:
-    """Turn `builtin` into the packaged checkpoint; leave other paths as they are."""
-    return BUILTIN_DIR if path == "builtin" else Path(path).expanduser()
+    """Turn `builtin` (or `builtin:<name>`) into the packaged checkpoint; leave other paths as they are."""
+    return BUILTINS[path][0] if path in BUILTINS else Path(path).expanduser()
 
 
 def model_path_problem(path: str) -> str | None:
@@ -33,11 +40,13 @@ def model_path_problem(path: str) -> str | None:
     Cheap (no weights read), so configs are checked before any expensive work.
     """
     folder = resolve_model_path(path)
-    if path == "builtin" and not (folder / "config.json").exists():
+    if path in BUILTINS and not (folder / "config.json").exists():
         return (
             f"the built-in model is missing from {folder}; regenerate it with "
-            "`cadence sft --config cadence/configs/sft_arith.yaml`"
+            f"`cadence sft --config {BUILTINS[path][1]}`"
         )
+    if path.startswith("builtin:") and path not in BUILTINS:
+        return f"no built-in model {path!r}; the built-ins are {', '.join(BUILTINS)}"
     if not folder.exists():
         return f"no such folder {folder}; give a local Hugging Face checkpoint folder or 'builtin'"
     if not (folder / "config.json").exists():

@@ -4,6 +4,12 @@ This recipe made the built-in model (`model.path=builtin`): a tiny Llama
 trained from scratch on the arithmetic task for a few minutes, stopped early
 on purpose so that RL has room to improve it. Regenerate it with
 `cadence sft --config cadence/configs/sft_arith.yaml`.
+
+With an `env` section the examples are a scripted expert's episodes in a
+built-in environment (`cadence.envs.expert`), each one sequence laid out
+exactly as an agentic rollout lays it out (`PlainTurns`, every reply ending in
+EOS), with the loss on the replies only. That made `builtin:frozenlake`
+(`cadence/configs/sft_frozenlake.yaml`).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import yaml
@@ -21,6 +27,7 @@ from tqdm import tqdm
 from cadence.config import ConfigError, _explain, apply_override, parse_override, read_yaml
 from cadence.data.config import TaskConfig
 from cadence.data.tasks import build_task
+from cadence.envs.expert import Demonstration, demonstrations
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.models.tiny import char_tokenizer, tiny_model
 from cadence.runtime.threads import configure_threads
@@ -33,6 +40,24 @@ class SFTModelConfig(BaseModel):
     hidden_size: int = Field(128, gt=0)
     layers: int = Field(4, gt=0)
     heads: int = Field(4, gt=0)
+    max_positions: int = Field(512, gt=0, description="Longest sequence of a new tiny model (episodes are long).")
+
+
+class SFTEnvConfig(BaseModel):
+    """Demonstrations of a built-in environment's scripted expert as the SFT data."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["frozenlake", "sokoban"] = Field(description="A built-in environment with a scripted expert.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Its constructor arguments.")
+    max_turns: int = Field(10, gt=0, description="Longest demonstration, in turns.")
+    slip: float = Field(
+        0.0, ge=0, le=1, description="Share of turns where the demonstrator plays the environment's habitual "
+        "mistake instead of the expert move (frozenlake: walking as if there were no holes)."
+    )
+    first_seed: int = Field(
+        10**8, ge=0, description="Demonstrations play seeds first_seed, first_seed+1, ...: neither RL's "
+        "training seeds (from 1000) nor its held-out ones (from 10**9)."
+    )
 
 
 class SFTConfig(BaseModel):
@@ -40,7 +65,8 @@ class SFTConfig(BaseModel):
     seed: int = 0
     model: SFTModelConfig = Field(default_factory=SFTModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
-    examples: int = Field(20000, gt=0, description="Synthetic training examples.")
+    env: SFTEnvConfig | None = Field(None, description="Train on expert episodes in this environment, not on `task`.")
+    examples: int = Field(20000, gt=0, description="Synthetic training examples (with `env`: demonstration episodes).")
     steps: int = Field(300, gt=0, description="Optimizer steps.")
     batch_size: int = Field(64, gt=0)
     group_by_length: bool = Field(
@@ -75,37 +101,61 @@ def check_output(cfg: SFTConfig, overwrite: bool) -> None:
         )
 
 
-def encode_examples(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    """Token ids of prompt + completion, and where the completion starts."""
+Row = tuple[list[int], list[int]]  # token ids, and 1 where the loss applies
+
+
+def encode_examples(tokenizer, pairs: list[tuple[str, str]]) -> list[Row]:
+    """Token ids of prompt + completion, the loss on the completion."""
     out = []
     for prompt, completion in pairs:
         p = tokenizer(prompt).input_ids
         c = tokenizer(completion, add_special_tokens=False).input_ids
-        out.append((p + c, len(p)))
+        out.append((p + c, [0] * len(p) + [1] * len(c)))
     return out
 
 
-def length_buckets(rows: list[tuple[list[int], int]], size: int) -> list[list[tuple[list[int], int]]]:
+def encode_episodes(tokenizer, demos: list[Demonstration]) -> list[Row]:
+    """Each demonstration as the one sequence an agentic rollout trains on (`run_episode`):
+    first observation, then reply + EOS (loss) and the next observation (no loss), turn by turn."""
+    from cadence.rollout.turns import PlainTurns
+
+    turns = PlainTurns()
+    out = []
+    for demo in demos:
+        ids = turns.first(tokenizer, demo.turns[0].observation)
+        mask = [0] * len(ids)
+        reply: list[int] = []
+        for k, turn in enumerate(demo.turns):
+            if k > 0:
+                obs = turns.after(tokenizer, reply, turn.observation)
+                ids, mask = ids + obs, mask + [0] * len(obs)
+            reply = tokenizer(turn.response, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            ids, mask = ids + reply, mask + [1] * len(reply)
+        out.append((ids, mask))
+    return out
+
+
+def length_buckets(rows: list[Row], size: int) -> list[list[Row]]:
     """`rows` sorted by length and cut into batches of `size`: neighbours pad little."""
     ordered = sorted(rows, key=lambda row: len(row[0]))
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def make_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_batch(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)  # loss on completion tokens only
-    for i, (seq, start) in enumerate(rows):
+    labels = torch.full_like(ids, -100)  # the loss only where the row's mask is 1
+    for i, (seq, mask) in enumerate(rows):
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        labels[i, start : len(seq)] = torch.tensor(seq[start:])
+        labels[i, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), ids[i, : len(seq)], -100)
     return ids, attn, labels
 
 
 def fit(
     model: torch.nn.Module,
-    data: list[tuple[list[int], int]],
+    data: list[Row],
     pad_id: int,
     rng: random.Random,
     *,
@@ -135,20 +185,32 @@ def fit(
         bar.set_postfix(loss=f"{loss.item():.3f}")
 
 
+def training_rows(cfg: SFTConfig, tokenizer) -> list[Row]:
+    """The task's synthetic examples, or (`env`) the expert's episodes."""
+    if cfg.env is not None:
+        e = cfg.env
+        seeds = range(e.first_seed, e.first_seed + cfg.examples)
+        return encode_episodes(tokenizer, demonstrations(e.name, seeds, e.kwargs, e.max_turns, slip=e.slip))
+    task = build_task(cfg.task)
+    if not hasattr(task, "sft_examples"):
+        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
+    return encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
+
+
 def sft(cfg: SFTConfig) -> Path:
     configure_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    task = build_task(cfg.task)  # data problems show before a model loads
-    if not hasattr(task, "sft_examples"):
-        raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
+    if cfg.env is None:
+        build_task(cfg.task)  # data problems show before a model loads
     if cfg.model.path:
         tokenizer, model = load_tokenizer(cfg.model.path), load_policy(cfg.model.path)
     else:
         tokenizer = char_tokenizer()
         model = tiny_model(
-            cfg.model.arch, cfg.seed, hidden_size=cfg.model.hidden_size, layers=cfg.model.layers, heads=cfg.model.heads
+            cfg.model.arch, cfg.seed, hidden_size=cfg.model.hidden_size, layers=cfg.model.layers,
+            heads=cfg.model.heads, max_positions=cfg.model.max_positions,
         ).train()
-    data = encode_examples(tokenizer, task.sft_examples(cfg.examples, cfg.seed))
+    data = training_rows(cfg, tokenizer)
     start = time.perf_counter()
     fit(
         model, data, tokenizer.pad_token_id, random.Random(cfg.seed),

@@ -1,0 +1,84 @@
+"""The FrozenLake warm-up (`cadence sft` on the scripted expert) and the model it shipped."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cadence.config import load_config
+from cadence.envs.expert import demonstrate, demonstrations, hole_blind_action
+from cadence.envs.frozenlake import FrozenLakeEnv
+from cadence.envs.sokoban import SokobanEnv
+from cadence.models.loading import model_path_problem, resolve_model_path
+from cadence.models.tiny import char_tokenizer
+from cadence.recipes.sft import encode_episodes, load_sft_config, sft
+from cadence.recipes.train_rlvr import train
+from cadence.rollout.turns import PlainTurns
+
+WARM_UP = "cadence/configs/sft_frozenlake.yaml"
+
+
+def test_an_episode_is_laid_out_as_a_rollout_lays_it_out_with_the_loss_on_the_replies():
+    tokenizer = char_tokenizer()
+    demo = demonstrations("frozenlake", [7], {"rules": False})[0]
+    assert demo.solved and len(demo.turns) >= 2
+    (ids, mask), = encode_episodes(tokenizer, [demo])
+    eos = tokenizer.eos_token_id
+    # What run_episode builds: first observation, then reply + EOS and the next observation, turn by turn.
+    expected = PlainTurns().first(tokenizer, demo.turns[0].observation)
+    for k, turn in enumerate(demo.turns):
+        if k:
+            expected += PlainTurns().after(tokenizer, [eos], turn.observation)
+        expected += tokenizer(turn.response, add_special_tokens=False).input_ids + [eos]
+    assert ids == expected
+    trained = [i for i, m in zip(ids, mask, strict=True) if m]
+    assert tokenizer.decode(trained) == "".join(t.response + tokenizer.eos_token for t in demo.turns)
+
+
+def test_a_sloppy_demonstrator_walks_as_if_there_were_no_holes():
+    env = FrozenLakeEnv(rules=False)
+    fell = 0
+    for seed in range(40):
+        demo = demonstrate(env, seed, max_turns=10, slip=1.0, rng=random.Random(seed))
+        env.reset(seed)
+        for turn in demo.turns:  # replay: every move is the hole-blind one
+            assert turn.response == f"<answer>{hole_blind_action(env)}</answer>"
+            env.step(hole_blind_action(env))
+        fell += not demo.solved
+        assert demonstrate(env, seed, max_turns=10).solved  # the expert itself always wins
+    assert 0 < fell < 40  # the habit fails on some maps, not all
+    with pytest.raises(ValueError, match="no habitual mistake"):
+        demonstrate(SokobanEnv(), 0, slip=0.5)
+
+
+def test_the_frozenlake_warm_up_runs_and_saves_a_checkpoint_plain_transformers_loads(tmp_path):
+    out = sft(load_sft_config(WARM_UP, ["steps=2", "examples=8", "batch_size=4", "threads=1",
+                                        f"output={tmp_path / 'fl'}"]))
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tokenizer) and (out / "sft_config.yaml").is_file()
+    ids = tokenizer("SFFF\nFHFH\nFFFH\nHFFG\n", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+
+
+def test_builtin_frozenlake_is_shipped_and_unknown_builtins_are_named():
+    assert model_path_problem("builtin:frozenlake") is None
+    assert (resolve_model_path("builtin:frozenlake") / "sft_config.yaml").is_file()
+    assert "builtin:frozenlake" in model_path_problem("builtin:frozen")
+
+
+@pytest.mark.slow
+def test_the_shipped_frozenlake_model_trains_from_the_example_and_is_evaluated(tmp_path):
+    cfg = load_config("examples/frozenlake.yaml", [
+        "trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.episodes=8",
+        "eval.every=0", "logging.progress=false", "logging.tensorboard=false", f"logging.run_dir={tmp_path}/run",
+    ])
+    summary = train(cfg)
+    assert summary.eval_before.prompts == 8 and summary.eval_after.prompts == 8
+    assert summary.eval_before.pass_at_1 > 0  # the warm-up already solves some held-out maps
+    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
+    assert all(r["train/grad_norm"] > 0 for r in steps if r["step"] > 0)
