@@ -119,3 +119,17 @@ def test_without_redundancy_a_fail_stop_environment_costs_its_timeout():
     groups = asyncio.run(_collect(hub, buffer, rollout, groups=1))
     assert len(groups) == 1 and len(groups[0].samples) == 2
     assert rollout.counts["lost/timeout"] == 1 and rollout.counts["retried"] == 1
+
+
+class AlwaysRaises(TwoTurns):
+    def step(self, action: str):
+        raise RuntimeError("environment crashed")
+
+
+def test_a_group_whose_last_episodes_fail_together_is_dropped():
+    """Episodes of one group that fail in the same round, with no retries left, close the group
+    (each must see the others gone, not wait for their tasks' done callbacks)."""
+    hub, buffer, rollout = _rollout(AlwaysRaises, group_size=3)
+    rollout.max_retries = 0
+    asyncio.run(_collect(hub, buffer, rollout, groups=2, deadline_s=10))
+    assert rollout.counts["groups_dropped"] == 2 and rollout.counts["lost/raised"] == 6

@@ -10,8 +10,10 @@ paper's test). Each step of the wrapped environment first waits
 
 A fail-stop step never answers: the runner's step timeout ends the episode and
 replaces the environment (`close()` releases the waiting step). Draws come from
-a generator seeded by (seed, episode seed), so an episode's delays do not
-depend on how episodes interleave. `reset` is not delayed.
+a generator seeded by (seed, episode seed, which wrapper instance): an
+episode's delays do not depend on how episodes interleave, and the episodes
+of a group (same episode seed, each on its own environment instance) draw
+independently, as separate environment servers would. `reset` is not delayed.
 
 `with_latency` returns a wrapper of the inner environment's kind: a sync one
 sleeps in the runner's worker thread, an async one on the event loop.
@@ -21,12 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
+import os
 import random
 import threading
 from typing import Any
 
 from cadence.data.tasks import stable_hash
 from cadence.envs.contract import ResetReturn, StepReturn
+
+_INSTANCES = itertools.count()  # wrapper instances made in this process
 
 
 class _LatencyDraws:
@@ -47,9 +53,10 @@ class _LatencyDraws:
         self.seed = seed
         self.action_tag = getattr(env, "action_tag", "answer")
         self._rng = random.Random(seed)
+        self._instance = (os.getpid(), next(_INSTANCES))
 
     def _start_episode(self, episode_seed: int) -> None:
-        self._rng = random.Random(stable_hash("latency", self.seed, episode_seed))
+        self._rng = random.Random(stable_hash("latency", self.seed, episode_seed, *self._instance))
 
     def next_delay(self) -> float | None:
         """Seconds the next step waits; None for a fail-stop step (it never answers)."""

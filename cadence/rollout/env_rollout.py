@@ -139,6 +139,9 @@ class EnvRollout:
 
     def _finished(self, opened: _OpenGroup, episode: Episode) -> None:
         group = opened.group
+        # This episode is over: take it out of the live set now (its task's done callback would
+        # only run later, and episodes that end in the same round must see each other gone).
+        opened.tasks.discard(asyncio.current_task())
         if group.group_id not in self.open:
             return  # the group closed meanwhile (a late straggler)
         self.counts["episodes"] += 1
@@ -150,7 +153,7 @@ class EnvRollout:
                 opened.retries += 1
                 self.counts["retried"] += 1
                 self._start(opened)
-            elif len(opened.tasks) <= 1 and len(group.samples) < self.group_size:
+            elif not opened.tasks and len(group.samples) < self.group_size:
                 self._close(opened, keep=False)
             return
         group.samples.append(episode.sample)

@@ -40,6 +40,13 @@ def test_latency_draws_follow_the_settings_and_the_seeds():
     assert min(delays(LatencyEnv(SokobanEnv(), mean_s=0.0, std_s=1.0), 0, 200)) == 0.0  # clipped
 
 
+def test_episodes_on_one_seed_draw_their_own_delays():
+    """A group's episodes share a seed but not their environments' latency: one fail-slow
+    server does not make the whole group slow (redundancy relies on that)."""
+    make = lambda: LatencyEnv(SokobanEnv(), mean_s=1.0, std_s=1.0, seed=3)  # noqa: E731
+    assert delays(make(), 5, 20) != delays(make(), 5, 20)
+
+
 def test_latency_wrapper_keeps_the_inner_envs_behaviour_and_kind():
     inner = SokobanEnv()
     env = with_latency(inner, mean_s=0.001)
