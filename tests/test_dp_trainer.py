@@ -14,11 +14,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cadence.algo.aggregation import MODES, aggregate, batch_denominators
 from cadence.algo.config import AlgorithmConfig
 from cadence.config import RuntimeConfig, TrainerConfig
 from cadence.models.tiny import tiny_model
 from cadence.rollout.sample import Group, Sample
 from cadence.runtime.trainer_group import TrainerGroup
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
 from cadence.train.shard import rank_rows, token_balanced_bins
 from cadence.train.trainer import PolicyTrainer
@@ -138,3 +141,71 @@ def test_resume_across_rank_counts_matches_continuing(tmp_path):
     assert resumed.version == 3
     steps(resumed, 3, 4)
     assert_same_weights(whole.policy.state_dict(), resumed.policy.state_dict(), at_3)
+
+
+class DenominatorProbe:
+    """A rank's share of a loss in every aggregation mode, over global or local denominators."""
+
+    def __init__(self, dp: DataParallel) -> None:
+        self.dp = dp
+
+    def shared_losses(self, per_token: torch.Tensor, mask: torch.Tensor, global_denominators: bool) -> dict:
+        rows = self.dp.rows(torch.arange(len(mask)), mask.sum(1))
+        tokens, seqs = self.dp.denominators(mask[rows]) if global_denominators else batch_denominators(mask[rows])
+        local = {
+            mode: aggregate(per_token[rows], mask[rows], mode, tokens, seqs, norm_length=8.0) for mode in MODES
+        }
+        return self.dp.sum_metrics({mode: float(v) for mode, v in local.items()})
+
+
+@pytest.mark.slow
+def test_global_denominators_for_every_aggregation_mode():
+    """Each rank aggregates its share over the all-reduced (tokens, sequences): the ranks' losses
+    add up to the one-rank loss in every mode; over each share's own counts they do not."""
+    gen = torch.Generator().manual_seed(0)
+    per_token = torch.randn(6, 9, generator=gen)
+    lengths = torch.tensor([9, 2, 5, 7, 1, 4])
+    mask = (torch.arange(9)[None, :] < lengths[:, None]).float()
+    mask[4] = 0.0  # a sequence with no response token counts in no denominator
+    group = TrainerGroup(DenominatorProbe, TrainerConfig(), RuntimeConfig(trainer_workers=2))
+    try:
+        shared = group._all("call", "shared_losses", per_token, mask, True)[0]
+        local = group._all("call", "shared_losses", per_token, mask, False)[0]
+    finally:
+        group.close()
+    for mode in MODES:
+        whole = float(aggregate(per_token, mask, mode, norm_length=8.0))
+        assert shared[mode] == pytest.approx(whole, rel=1e-6), mode
+        assert local[mode] != pytest.approx(whole, rel=1e-3), mode  # local counts would be wrong
+
+
+def build_critic_credit_trainer(trainer_cfg: TrainerConfig, algo: AlgorithmConfig, dp: DataParallel | None = None):
+    """AsyPPO's two mini-critics and attention-rhythm credit, on every rank."""
+    torch.manual_seed(0)
+    model = tiny_model(**MODEL).train()
+    critics = CriticEnsemble(algo.critic, model, "", 0, 2)
+    credit = AttentionCredit(model, algo.credit, algo.rhythm, pad_id=0)
+    return PolicyTrainer(model, trainer_cfg, algo, 1.0, 0, critics=critics, credit=credit, dp=dp)
+
+
+@pytest.mark.slow
+def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy="fsdp")
+    algo = AlgorithmConfig(name="asyppo", credit="local", critic={"warmup_steps": 0})
+    single = build_critic_credit_trainer(cfg, algo)
+    start = copy.deepcopy(single.policy.state_dict())
+    metrics_1 = steps(single, 0, 3)
+    group = TrainerGroup(functools.partial(build_critic_credit_trainer, cfg, algo), cfg,
+                         RuntimeConfig(trainer_workers=2))
+    try:
+        metrics_2 = steps(group, 0, 3)
+        weights_2 = group.weights()
+        critics_2 = group._all("get", "critics")[0]
+    finally:
+        group.close()
+    assert_same_metrics(metrics_1, metrics_2)
+    for key in ("critic/value_loss_0", "critic/value_loss_1", "rhythm/gamma_mean", "asyppo/adv_masked_fraction"):
+        assert [m[key] for m in metrics_2] == pytest.approx([m[key] for m in metrics_1], rel=1e-5), key
+    assert_same_weights(single.policy.state_dict(), weights_2, start)
+    for mine, theirs in zip(single.critics.critics, critics_2.critics, strict=True):
+        assert_same_weights(mine.state_dict(), theirs.state_dict())
