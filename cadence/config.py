@@ -166,6 +166,31 @@ class RuntimeConfig(Section):
     )
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs per trainer rank (its torch threads), ray only.")
     trainer_gpus: float = Field(0.0, ge=0, description="GPUs per trainer rank, ray only (NCCL when > 0).")
+    rollout_resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each rollout worker asks for, e.g. {rollout_node: 1} "
+        "to pin rollout to nodes started with --resources='{\"rollout_node\": 4}'; ray only."
+    )
+    trainer_resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each trainer rank asks for (trainer_workers > 1), ray only."
+    )
+    critic_resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources of the critic and actor_attn actors, ray only."
+    )
+    placement_timeout_s: float = Field(
+        60.0, gt=0, description="ray only: how long an actor may wait for room on the cluster before the run "
+        "stops with an error naming its role."
+    )
+    actor_restarts: int = Field(
+        3, ge=-1, description="ray only: times Ray restarts a dead rollout/critic/actor_attn actor (its node "
+        "died, it was killed); the run reloads its state and goes on. -1 = no limit."
+    )
+    max_restarts: int = Field(
+        0, ge=0, description="`cadence train`: times the supervisor resumes a failed run from its last "
+        "checkpoint by itself (restarts.jsonl in the run folder); 0 = fail at once."
+    )
+    restart_backoff_s: float = Field(
+        5.0, ge=0, description="Wait before the supervisor's first restart; doubled for each further one."
+    )
 
 
 class LoggingConfig(Section):
@@ -189,6 +214,10 @@ class LoggingConfig(Section):
     )
     dashboard: bool = Field(False, description="Start `cadence dashboard` beside the run and print its address.")
     dashboard_port: int = Field(8484, ge=0, le=65535, description="Port of logging.dashboard (0 = any free port).")
+    webhook_url: str | None = Field(
+        None, description="POST a JSON message here when a supervised run fails, restarts or finishes "
+        "(runtime.max_restarts > 0); None = no messages."
+    )
 
 
 class CheckpointConfig(Section):
