@@ -292,7 +292,7 @@ class Pool:
                 self._slots[placeholder.id] = placeholder
             self.events.record(placeholder.id, 0, "starting", "warm spare")
             try:
-                placeholder.box.start()
+                placeholder.box.start(background=True)
             except SandboxError as e:
                 with self._lock:
                     self._slots.pop(placeholder.id, None)

@@ -59,6 +59,20 @@ def _new_spawner_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_new_spawner_after_fork)
 
+def _popen(nice: int, argv: list[str], **kw) -> subprocess.Popen:
+    """Popen with the spawner thread's nice value set to `nice` for the fork (a child inherits
+    its forking thread's priority), then back to 0."""
+    me = threading.get_native_id()
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, me, nice)
+    try:
+        return subprocess.Popen(argv, **kw)
+    finally:
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, me, 0)
+
+
+BACKGROUND_NICE = 10  # warm spares start at this priority (see LocalSandbox.start)
 GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
 START_TIMEOUT_S = 30.0
 FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes milliseconds; past this the agent is hung
@@ -81,14 +95,17 @@ class LocalSandbox:
         self.agent_pid: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> LocalSandbox:
+    def start(self, background: bool = False) -> LocalSandbox:
+        """Start the agent. `background=True` (a warm spare nobody waits for) starts it at a low
+        CPU priority, so that it does not slow the calls being served; the agent is put back to
+        normal priority once up. Only as root, which may raise a priority back."""
         t0 = time.perf_counter()
         spec = launch(self.limits, self.python, self.allow_unisolated)
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
         self.proc = _SPAWNER.submit(
-            subprocess.Popen, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+            _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         ).result()
         # Into its cgroup before the agent has its source, so before anything in it can fork.
@@ -108,6 +125,8 @@ class LocalSandbox:
             raise SandboxDied(f"sandbox {self.id} did not start: {err or e}") from e
         self.pid = hello["pid"]
         self.agent_pid = self.agent_host_pid()
+        if background and os.geteuid() == 0 and self.agent_pid is not None:
+            os.setpriority(os.PRIO_PROCESS, self.agent_pid, 0)  # its calls run at normal priority
         self.started_at = time.time()
         self.start_s = time.perf_counter() - t0
         return self

@@ -64,6 +64,24 @@ class Status(BaseModel):
     config: PoolConfig
 
 
+class BearerAuth:
+    """Checks the token before routing and body parsing: a call without it does nothing at all.
+    Plain ASGI (not @app.middleware, which wraps every request in extra tasks and streams)."""
+
+    def __init__(self, app, token: str) -> None:
+        self.app, self.expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.expected):
+                deny = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await deny(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(pool: Pool, token: str, close_pool_at_shutdown: bool = False) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -73,14 +91,7 @@ def create_app(pool: Pool, token: str, close_pool_at_shutdown: bool = False) -> 
 
     app = FastAPI(title="cadence sandbox service", version="1", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def bearer(request: Request, call_next):
-        # Before routing and body parsing: a call without the token does nothing at all.
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-            return JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+    app.add_middleware(BearerAuth, token=token)
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(request: Request, exc: SandboxError):
