@@ -8,10 +8,10 @@ each turn `await hub.generate(context, affinity=episode)`, then the context
 grows by the turn's output and an observation. With reuse (the default,
 `engine.keep_kv_between_turns`) a turn prefills only what its context added
 since the last turn finished; without, it prefills its whole context. Both
-variants run the same episodes in one process, alternated (A B B A) so a
-shared machine's load hits both alike, on fresh engines over the same
-weights; greedy decoding, so their outputs must match token for token (the
-run checks it). Reported per model and number of concurrent episodes:
+variants run the same episodes in one process, in back-to-back pairs (A B,
+B A, ...) so a shared machine's load hits both alike, on fresh engines over
+the same weights; greedy decoding, so their outputs must match token for
+token (the run checks it). Reported per model and number of concurrent episodes:
 prompt tokens run through prefill forwards per episode, mean seconds per
 turn (submit to result), episode wall time, and the ratios.
 
@@ -35,13 +35,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import cpu_model
 from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.models.tiny import char_tokenizer, tiny_model
 from cadence.observe.report import write_doc_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script or loaded from its path
+from harness import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "agentic.md"
@@ -104,31 +106,32 @@ def run(model: Any, tok: Any, keep_kv: bool, episodes: int, args: argparse.Names
 
 
 def compare(model_name: str, episodes: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Both variants, alternated A B B A after a warm-up; medians of the timed runs."""
+    """Both variants side by side, `args.repeats` pairs (A B, then B A, ...) after a warm-up.
+
+    Time ratios are the median over pairs of no-reuse / reuse within a pair:
+    the two runs of a pair are seconds apart, so a change in the machine's
+    load between pairs cancels out.
+    """
     model, tok = load_model(model_name, args.quick)
     params = sum(p.numel() for p in model.parameters())
     run(model, tok, True, episodes, args)  # warm-up: first-call costs land on neither variant
-    pairs = [("reuse", "no reuse"), ("no reuse", "reuse")]
-    order = [v for i in range(args.repeats) for v in pairs[i % 2]]
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    for variant in order:
-        runs[variant].append(run(model, tok, VARIANTS[variant], episodes, args))
-    outputs = {v: rs[0].pop("outputs") for v, rs in runs.items()}
-    for rs in runs.values():
-        for r in rs:
-            r.pop("outputs", None)
-    median = lambda v, key: statistics.median(r[key] for r in runs[v])  # noqa: E731
-    row = {
+    pairs: list[dict[str, dict[str, Any]]] = []
+    for i in range(args.repeats):
+        order = list(VARIANTS) if i % 2 == 0 else list(reversed(VARIANTS))
+        pairs.append({v: run(model, tok, VARIANTS[v], episodes, args) for v in order})
+    outputs = [r.pop("outputs") for pair in pairs for r in pair.values()]
+    runs = {v: [pair[v] for pair in pairs] for v in VARIANTS}
+    row: dict[str, Any] = {
         "model": model_name,
         "parameters": params,
         "episodes": episodes,
-        "outputs_equal": outputs["reuse"] == outputs["no reuse"],
+        "outputs_equal": all(o == outputs[0] for o in outputs),
+        "prompt_tokens_per_episode": runs["reuse"][0]["prompt_tokens_per_episode"],
         "runs": runs,
     }
     for key in ("prefill_tokens_per_episode", "turn_s_mean", "wall_s"):
-        row[key] = {v: median(v, key) for v in VARIANTS}
-        row[f"{key}_ratio"] = row[key]["no reuse"] / row[key]["reuse"]
-    row["prompt_tokens_per_episode"] = median("reuse", "prompt_tokens_per_episode")
+        row[key] = {v: statistics.median(r[key] for r in runs[v]) for v in VARIANTS}
+        row[f"{key}_ratio"] = statistics.median(p["no reuse"][key] / p["reuse"][key] for p in pairs)
     return row
 
 
@@ -140,7 +143,8 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"(final context {s['first'] + s['turns'] * (s['reply'] + s['observation'])} tokens); "
         f"greedy, {meta['threads']} torch thread, {meta['machine']} (load average "
         f"{meta['loadavg_before'][0]:.1f} before, {meta['loadavg_after'][0]:.1f} after), "
-        f"median of {s['repeats']} runs each, alternated. From `docs/results/multiturn_kv.json`.",
+        f"{s['repeats']} pairs of runs, alternated; seconds are medians, ratios the median "
+        "of the pairs' ratios. From `docs/results/multiturn_kv.json`.",
         "",
         "| model | concurrent episodes | prefill tokens / episode (reuse / none) | fewer | "
         "s per turn (reuse / none) | faster | outputs equal |",
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     quick = dict(episodes=[2], turns=3, first=12, reply=4, observation=6, repeats=1)
-    full = dict(episodes=[1, 4], turns=8, first=64, reply=16, observation=32, repeats=2)
+    full = dict(episodes=[1, 4], turns=8, first=64, reply=16, observation=32, repeats=5)
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
