@@ -43,3 +43,11 @@ def test_bad_settings_are_named():
         load_sim_config(None, None, ["workload.sigmaa=1"])
     with pytest.raises(ConfigError, match="unknown preset"):
         load_sim_config("qwen9", None, [])
+
+
+def test_a_config_file_goes_over_the_preset_and_overrides_over_both(tmp_path):
+    file = tmp_path / "mine.yaml"
+    file.write_text("cluster: {gpus: 64}\nworkload: {median_tokens: 1000}\n")
+    cfg = load_sim_config("qwen3-8b-think", file, ["workload.median_tokens=2000"])
+    assert cfg.cluster.gpus == 64 and cfg.cluster.alpha == 2  # file over preset, the rest kept
+    assert cfg.workload.median_tokens == 2000 and cfg.workload.max_tokens == 32768
