@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from cadence.dashboard.app import create_app, plotly_js
@@ -78,3 +80,27 @@ def test_stream_pushes_new_metric_rows(runs_root: Path) -> None:
                 if event == "rows":
                     assert json.loads(data)["rows"] == [{"step": 6, "reward/mean": 1.0}]  # numbers only
                     break
+
+
+@pytest.mark.slow  # starts the dashboard subprocess, as `cadence train logging.dashboard=true` does
+def test_dashboard_beside_a_run_serves_and_stops(runs_root: Path, capsys) -> None:
+    from cadence.config import load_config
+    from cadence.dashboard.beside import start_beside
+
+    cfg = load_config(None, ["logging.dashboard=true", "logging.dashboard_port=0", "logging.name=done",
+                             f"logging.run_dir={runs_root}/{{name}}"])
+    beside = start_beside(cfg, cfg.run_dir())
+    try:
+        assert beside.url in capsys.readouterr().out and beside.url.endswith("/#/run/done")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                runs = httpx.get(beside.url.split("#")[0] + "api/runs", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and beside.proc.poll() is None
+                time.sleep(0.2)
+        assert [r["name"] for r in runs] == ["done"]
+    finally:
+        beside.stop()
+    assert beside.proc.poll() is not None

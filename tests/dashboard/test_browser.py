@@ -16,15 +16,13 @@ import pytest
 
 from cadence.dashboard.app import create_app
 from cadence.dashboard.sandboxes import SandboxService
+from cadence.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.testing import running_service
 from tests.dashboard.serving import serving
 from tests.quick_run import QUICK_RUN
 
 pytestmark = pytest.mark.slow
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 # Generous: a loaded 2-core machine takes tens of seconds to import torch and load a model.
 WAIT_MS = 150_000
 POINTS = "(id, name) => { const d = document.getElementById(id); const t = d && d.data && d.data.find((t) => t.name === name); return t ? t.x.length : 0; }"
@@ -35,7 +33,7 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 
