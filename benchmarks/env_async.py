@@ -1,0 +1,247 @@
+"""Environment-level async vs lock-step rollout under slow, fail-slow and fail-stop environments.
+
+    python benchmarks/env_async.py            # the tables in docs/agentic.md (~25 min on 2 cores)
+    python benchmarks/env_async.py --quick    # smoke run (mock engine, no sweep; writes no docs)
+
+Every variant is an end-to-end `cadence train` run in this process (inline
+runtime, the machine's cores), on the same episodes: the documented example
+environment (examples/envs/guess_number.py) from the same seeds, `rollout.prompts_per_step` groups of `rollout.group_size`
+episodes a step, up to `env.max_turns` turns each, the whole response passed
+to the environment (`env.action_tag=null`, so every turn steps it). Each
+environment step waits `max(0, N(mean, std))` seconds with std = mean
+(ROLL Flash's simulated-latency test), 5% of steps take 10x that (fail-slow)
+and 1% never answer (fail-stop: the episode ends at `env.step_timeout_s`
+and a new one is played on the same seed).
+
+  lock-step sync       rollout.env_mode=lockstep: a step's episodes advance
+                       turn by turn together, each turn waiting for the
+                       slowest generation and then the slowest environment
+  env-level async      one coroutine per episode, no barrier (the default)
+  async + redundancy   rollout.redundancy extra episodes per group (a group
+                       keeps its first group_size) and rollout.extra_groups
+                       extra groups in flight (a step keeps the first groups)
+
+each with alpha = 0 (synchronous training) and alpha = 2 (the rollout may
+run two policy versions ahead of the trainer), plus a redundancy sweep at
+alpha = 0: bigger groups (more episodes per group) vs more groups.
+
+Two engines: the real embedded engine with the built-in model (CPU: its
+decode is part of every turn), and the mock engine with a GPU-like decode
+cost (20 ms per step plus 0.05 ms per running row, whatever the context),
+so the result says what the environment side does when generation is cheap.
+Training is real in both (the built-in model on CPU).
+
+episodes/s = episodes trained / seconds of the timed training steps (the
+first `--warmup` steps excluded); engine busy = engine busy seconds over the
+same span. Results go to docs/results/env_async.json and the tables in
+docs/agentic.md between the env-async markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from cadence.observe.report import write_doc_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu_model, train_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "agentic.md"
+RESULTS = ROOT / "docs" / "results" / "env_async.json"
+COMMAND = "python benchmarks/env_async.py"
+
+LATENCY_MEAN_S = 0.5
+COMMON = [
+    # The documented example environment: short observations keep training cheap on the CPU.
+    f"env.name=python:{ROOT}/examples/envs/guess_number.py:GuessNumber",
+    "env.action_tag=null",  # every turn steps the environment (and pays its latency)
+    "env.max_turns=4",
+    f"env.latency.mean_s={LATENCY_MEAN_S}",
+    f"env.latency.std_s={LATENCY_MEAN_S}",
+    "env.latency.fail_slow_share=0.05",
+    "env.latency.fail_slow_factor=10",
+    "env.latency.fail_stop_share=0.01",
+    "env.step_timeout_s=10",
+    "rollout.prompts_per_step=8",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "rollout.engine.max_batch_size=64",
+    "trainer.micro_batch_size=32",
+    "eval.before=false",
+    "eval.after=false",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "checkpoint.every=0",
+    "runtime.kind=inline",
+    "runtime.threads=1",  # one torch thread: the machine is shared
+]
+ENGINES = {
+    "embedded": [],
+    # A GPU-like decode: a step costs about the same whatever the rows (memory-bound).
+    "mock": [
+        "rollout.engine.backend=mock",
+        "rollout.engine.mock.vocab_size=256",  # ids the built-in model can train on
+        "rollout.engine.mock.length_dist=fixed",
+        "rollout.engine.mock.median_tokens=8",
+        "rollout.engine.mock.step_latency_s=0.02",
+        "rollout.engine.mock.per_token_latency_s=0.00005",
+    ],
+}
+REDUNDANCY = ["rollout.redundancy=2", "rollout.extra_groups=2"]
+VARIANTS = {
+    "lock-step sync": ["rollout.env_mode=lockstep"],
+    "env-level async": [],
+    "async + redundancy": REDUNDANCY,
+}
+ALPHAS = (0, 2)
+SWEEP = {  # at alpha = 0, on env-level async: where do the extra episodes go?
+    "bigger groups: redundancy=1": ["rollout.redundancy=1"],
+    "bigger groups: redundancy=2": ["rollout.redundancy=2"],
+    "more groups: extra_groups=2": ["rollout.extra_groups=2"],
+    "more groups: extra_groups=4": ["rollout.extra_groups=4"],
+}
+QUICK = [  # seconds, not minutes: structure only
+    "rollout.prompts_per_step=2", "rollout.group_size=2", "env.max_turns=2",
+    "env.latency.mean_s=0.02", "env.latency.std_s=0.02", "env.step_timeout_s=1",
+]
+
+
+def run_variant(engine: str, name: str, alpha: int, overrides: list[str], steps: int, warmup: int,
+                extra: list[str]) -> dict:
+    """One training run; its episodes/s and engine busy fraction over the timed steps."""
+    run = train_run([*COMMON, *ENGINES[engine], *overrides, f"rollout.async_ratio={alpha}",
+                     f"trainer.steps={steps}", *extra])
+    records, cfg = run.records, run.cfg
+    before, timed = records[warmup - 1], records[warmup:]
+    seconds = sum(r["time/step"] for r in timed)
+    episodes = timed[-1]["progress/samples_total"] - before["progress/samples_total"]
+    busy = timed[-1]["rollout/engine_busy_s"] - before["rollout/engine_busy_s"]
+    last = timed[-1]
+    return {
+        "engine": engine,
+        "variant": name,
+        "alpha": alpha,
+        "overrides": overrides,
+        "steps_timed": len(timed),
+        "episodes": episodes,
+        "seconds": seconds,
+        "episodes_per_s": episodes / seconds,
+        "engine_busy_fraction": busy / seconds,
+        "step_seconds": seconds / len(timed),
+        "train_seconds": sum(r["train/seconds"] for r in timed) / len(timed),
+        "trainer_idle_s": sum(r["time/trainer_idle"] for r in timed) / len(timed),
+        "staleness_max": max(r["train/staleness_max"] for r in timed),
+        "episodes_played": last["rollout/episodes_total"],
+        "episodes_cancelled": last["rollout/episodes_cancelled_total"],
+        "episodes_lost_timeout": last["rollout/episodes_lost_timeout_total"],
+        "groups_stale_cancelled": last.get("rollout/groups_stale_cancelled_total", 0.0),
+        "turns_per_episode": last["rollout/turns_per_episode"],
+        "batch_episodes": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        "wall_s": run.wall_s,
+    }
+
+
+def ratio_to(rows: list[dict], row: dict, variant: str) -> float:
+    base = next(r for r in rows if r["engine"] == row["engine"] and r["variant"] == variant and r["alpha"] == 0)
+    return row["episodes_per_s"] / base["episodes_per_s"]
+
+
+def markdown(result: dict) -> str:
+    meta, rows, sweep = result["meta"], result["rows"], result["sweep"]
+    lines = [
+        f"Measured {meta['date']} on {meta['machine']} (2 cores shared with other work: 1-minute load "
+        f"average {meta['loadavg_before'][0]:.1f} before, {meta['loadavg_after'][0]:.1f} after), "
+        f"{meta['steps']} training steps per run, the first {meta['warmup']} not timed; "
+        f"{meta['batch_episodes']} episodes a step, up to 4 turns, step latency "
+        f"N({LATENCY_MEAN_S:g} s, {LATENCY_MEAN_S:g} s), 5% fail-slow (x10), 1% fail-stop "
+        f"(10 s step timeout). Reproduce with `{meta['command']}` "
+        f"(`docs/results/env_async.json` has every run).",
+        "",
+        "| engine | variant | alpha | episodes/s | x lock-step (alpha 0) | x async (alpha 0) | engine busy "
+        "| step s | trainer idle s/step | fail-stop timeouts | episodes cancelled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['engine']} | {r['variant']} | {r['alpha']} | {r['episodes_per_s']:.2f} | "
+            f"{ratio_to(rows, r, 'lock-step sync'):.2f}x | {ratio_to(rows, r, 'env-level async'):.2f}x | "
+            f"{r['engine_busy_fraction']:.0%} | {r['step_seconds']:.1f} | {r['trainer_idle_s']:.1f} | "
+            f"{r['episodes_lost_timeout']:.0f} | {r['episodes_cancelled']:.0f} |"
+        )
+    if sweep:
+        lines += [
+            "",
+            "Redundancy sweep (env-level async, alpha = 0): the same extra episodes as more episodes per "
+            "group (`rollout.redundancy`) or as more groups in flight (`rollout.extra_groups`).",
+            "",
+            "| engine | extra episodes as | episodes/s | x async without redundancy | engine busy | episodes played |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in sweep:
+            lines.append(
+                f"| {r['engine']} | {r['variant']} | {r['episodes_per_s']:.2f} | "
+                f"{ratio_to(rows, r, 'env-level async'):.2f}x | {r['engine_busy_fraction']:.0%} | "
+                f"{r['episodes_played']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def write_doc(table: str) -> None:
+    write_doc_table(DOC, "env-async", table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    ap.add_argument("--sweep-engines", nargs="*", default=["mock"], choices=list(ENGINES))
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
+    ap.add_argument("--out", type=Path, default=None, help="write the results JSON here (default: only in a full run)")
+    args = ap.parse_args()
+    steps, warmup = (2, 1) if args.quick else (args.steps, args.warmup)
+    extra = QUICK if args.quick else []
+    engines = ["mock"] if args.quick else args.engines
+    began, load_before = time.perf_counter(), os.getloadavg()
+    rows, sweep = [], []
+    for engine in engines:
+        for alpha in ALPHAS:
+            for name, overrides in VARIANTS.items():
+                rows.append(run_variant(engine, name, alpha, overrides, steps, warmup, extra))
+                print(json.dumps(rows[-1]), flush=True)
+    for engine in args.sweep_engines if not args.quick else []:  # the sweep's runs are run_variant's too
+        for name, overrides in SWEEP.items():
+            sweep.append(run_variant(engine, name, 0, overrides, steps, warmup, extra))
+            print(json.dumps(sweep[-1]), flush=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}",
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "steps": steps,
+        "warmup": warmup,
+        "batch_episodes": rows[0]["batch_episodes"],
+        "settings": {"common": COMMON, "engines": ENGINES, "quick": extra},
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(os.getloadavg()),
+        "wall_s": time.perf_counter() - began,
+    }
+    result = {"meta": meta, "rows": rows, "sweep": sweep}
+    table = markdown(result)
+    print(table)
+    out = args.out or (None if args.quick else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    if not args.quick:
+        write_doc(table)
+
+
+if __name__ == "__main__":
+    main()
