@@ -8,6 +8,7 @@ ratio 0: the buffer then only hands out groups of the current policy version.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
-from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
+from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.report import plot_curves, print_summary
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
@@ -28,11 +29,10 @@ from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
+from cadence.runtime.trainer_group import TrainerGroup
+from cadence.train.build import build_rank_trainer, build_trainer
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
-from cadence.train.credit import AttentionCredit, RemoteCredit
-from cadence.train.critics import CriticEnsemble, RemoteCritics
 from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
-from cadence.train.trainer import PolicyTrainer
 
 
 @dataclass
@@ -112,37 +112,25 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     threads = configure_threads(trainer_threads(cfg))
 
     tokenizer = load_tokenizer(cfg.model.path)
-    policy = load_policy(cfg.model.path, cfg.model.dtype)
-    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 else None
     state = _resume_state(run_dir) if resume else None
-    if state is not None:
-        policy.load_state_dict(state["weights"])
-    critics = None
-    if cfg.runtime.critic_actor:
-        critics = RemoteCritics(
-            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus
-        )
-    elif cfg.algorithm.uses_critics:
-        critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
-    credit = None
-    if cfg.runtime.credit_actor:
-        credit = RemoteCredit(
-            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, tokenizer.pad_token_id,
-            cfg.runtime.credit_cpus,
-        )
-    elif cfg.algorithm.credit != "none":
-        credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, tokenizer.pad_token_id)
-    trainer = PolicyTrainer(
-        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, tokenizer.pad_token_id, reference,
-        critics=critics, credit=credit,
-    )
+    weights = state["weights"] if state is not None else None
+    if cfg.runtime.trainer_workers > 1:  # data-parallel ranks; this process keeps a copy to export
+        checkpoint = str(state["path"]) if state is not None else None
+        build = functools.partial(build_rank_trainer, cfg, tokenizer.pad_token_id, checkpoint)
+        policy = load_policy(cfg.model.path, cfg.model.dtype)
+        if weights is not None:
+            policy.load_state_dict(weights)
+        trainer = TrainerGroup(build, cfg.trainer, cfg.runtime, model=policy)
+    else:
+        trainer = build_trainer(cfg, tokenizer.pad_token_id, weights)
+        policy = trainer.model
 
     start_step, counters = 0, {"samples": 0, "tokens": 0}
     eval_before = eval_after = None
     reward_errors = RewardErrorReport(run_dir)
     if state is not None:
         start_step = state["step"]
-        trainer.load_state_dict(state["trainer"])
+        trainer.load_state_dict(state["trainer"], state["path"])
         counters = state["counters"]
         eval_before = state.get("eval_before")
         set_rng_state(state["rng"])
@@ -187,7 +175,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         metrics = trainer.step(groups)
         trace.syncing(step)
         t_sync = time.perf_counter()
-        workers.update_weights(policy.state_dict(), trainer.version)
+        workers.update_weights(trainer.weights(), trainer.version)  # data parallel: gathered once
         sync_seconds = time.perf_counter() - t_sync
         trace.stepped(step)
         step_seconds = time.perf_counter() - t0
@@ -213,6 +201,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
                 "time/step": step_seconds,
                 "time/trainer_idle": waited,
                 "time/weight_sync": sync_seconds,
+                "perf/weight_sync_s": sync_seconds,
                 "perf/samples_per_s": len(samples) / step_seconds,
                 "perf/tokens_per_s": float(lengths.sum()) / step_seconds,
                 "progress/samples_total": float(counters["samples"]),
@@ -247,6 +236,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
                 },
                 keep=cfg.checkpoint.keep,
                 files={CONFIG_FILE: dump_config(cfg)},
+                write_shards=trainer.save_sharded if cfg.runtime.trainer_workers > 1 else None,
             )
         progress["step"] = step
     bar.close()
@@ -254,6 +244,8 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     seconds = time.perf_counter() - began - eval_seconds
     rollout_metrics = workers.metrics()
     workers.stop()  # no more training rollouts
+    if isinstance(trainer, TrainerGroup):
+        trainer.close()
     if cfg.eval.after and eval_after is None:  # resumed after the last step: nothing ran
         eval_after = workers.evaluate(cfg.eval.samples)
     logger.close()
@@ -302,6 +294,7 @@ def _resume_state(run_dir: Path) -> dict | None:
         return None
     step, path = found
     state = load_state(path)
+    state["path"] = path  # a data-parallel checkpoint's optimizer shards are read from there
     # Through from_pretrained, so tied weights (absent from the file) come back too.
     state["weights"] = load_policy(str(path)).state_dict()
     return state

@@ -113,8 +113,13 @@ class TrainerRankError(RuntimeError):
 
 
 class TrainerGroup:
-    def __init__(self, build: Build, trainer_cfg: TrainerConfig, runtime: RuntimeConfig) -> None:
+    def __init__(
+        self, build: Build, trainer_cfg: TrainerConfig, runtime: RuntimeConfig, model: torch.nn.Module | None = None
+    ) -> None:
+        """`model`: the driver's copy of the policy (for the Hugging Face export), given the
+        ranks' weights by every `weights()` call."""
         self.world = runtime.trainer_workers
+        self.model = model
         self.kind = runtime.kind
         backend = "nccl" if runtime.trainer_gpus > 0 and torch.cuda.is_available() else "gloo"
         threads = max(1, int(runtime.trainer_cpus)) if self.kind == "ray" else 1
@@ -151,14 +156,18 @@ class TrainerGroup:
         if not ray.is_initialized():
             ray.init(address=runtime.address, include_dashboard=False, logging_level="ERROR")
         bundle = {"CPU": runtime.trainer_cpus, **({"GPU": runtime.trainer_gpus} if runtime.trainer_gpus else {})}
+        cannot = (
+            f"runtime.trainer_workers={self.world}: the Ray cluster cannot place {self.world} ranks of {bundle} "
+            f"(it has {ray.cluster_resources()}); lower runtime.trainer_workers or runtime.trainer_cpus/trainer_gpus"
+        )
+        total = ray.cluster_resources()
+        if any(self.world * amount > total.get(kind, 0) for kind, amount in bundle.items()):
+            raise RuntimeError(cannot)
         self.pg = placement_group([bundle] * self.world, strategy="PACK")
-        ready, _ = ray.wait([self.pg.ready()], timeout=60)
+        ready, _ = ray.wait([self.pg.ready()], timeout=120)  # others (rollout actors) may hold resources
         if not ready:
             ray.util.remove_placement_group(self.pg)
-            raise RuntimeError(
-                f"runtime.trainer_workers={self.world}: the Ray cluster cannot place {self.world} ranks of "
-                f"{bundle}; lower runtime.trainer_workers or runtime.trainer_cpus/trainer_gpus"
-            )
+            raise RuntimeError(cannot)
         actor = ray.remote(TrainerRank)
         self.actors = [
             actor.options(
@@ -197,7 +206,10 @@ class TrainerGroup:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards, on CPU (rank 0's answer)."""
-        return self._all("call", "weights")[0]
+        full = self._all("call", "weights")[0]
+        if self.model is not None:
+            self.model.load_state_dict(full)
+        return full
 
     def state_dict(self) -> dict:
         return self._all("call", "state_dict")[0]

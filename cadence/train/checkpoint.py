@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,10 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     files: dict[str, str] | None = None,
+    write_shards: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `step_N` atomically: weights, tokenizer, `trainer_state.pt` and text `files`."""
+    """Write `step_N` atomically: weights, tokenizer, `trainer_state.pt`, text `files`, and
+    (data-parallel runs) what `write_shards(folder)` writes: the ranks' DCP shards."""
     final = checkpoint_dir(run_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -79,6 +82,8 @@ def save_checkpoint(
     torch.save({"step": step, "rng": rng_state(), **state}, tmp / STATE_FILE)
     for name, text in (files or {}).items():
         (tmp / name).write_text(text)
+    if write_shards is not None:
+        write_shards(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for _, old in list_checkpoints(run_dir)[:-keep]:
