@@ -13,12 +13,14 @@ shared by all workers.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from cadence.config import ConfigError, RunConfig
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
+from cadence.runtime.cluster import check_fit, role_requests, wait_ready
 from cadence.runtime.threads import cpu_share
 
 
@@ -43,25 +45,87 @@ class WorkerGroup:
                 log_to_driver=True,
                 configure_logging=True,
             )
-        cpus = cfg.runtime.rollout_cpus
+        rt = cfg.runtime
+        check_fit(rt)  # one line naming the role that cannot be placed, before anything starts
+        cpus = rt.rollout_cpus
+        # A dead actor (its node died, it was killed) is restarted by Ray with its constructor
+        # arguments; `_recover` then gives it back its state (see there).
         actor = ray.remote(worker_class(cfg)).options(
-            num_cpus=cpus, num_gpus=cfg.runtime.rollout_gpus, max_concurrency=4
+            num_cpus=cpus, num_gpus=rt.rollout_gpus, resources=rt.rollout_resources or None,
+            max_concurrency=4, max_restarts=rt.actor_restarts,
         )
         threads = max(1, math.floor(cpus))
         self.workers = [actor.remote(cfg, i, n, threads) for i in range(n)]
+        wait_ready(self.workers, "rollout", role_requests(rt)[0].each, rt.placement_timeout_s)
+        # What a restarted worker needs: its last state (taken after each batch it handed
+        # out), the version it had then, and the newest weights (an object-store reference).
+        self.snapshots: list[dict | None] = [None] * n
+        self.snapshot_versions = [0] * n
+        self.weights_ref: Any = None
+        self.weights_version = 0
+        self.started = False
+        self.restarts = 0
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         if self.kind == "inline":
             return [getattr(w, method)(*args) for w in self.workers]
         import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        refs = [getattr(w, method).remote(*args) for w in self.workers]
+        answers = []
+        for i, ref in enumerate(refs):
+            try:
+                answers.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                # The actor died during the call: Ray restarts it (max_restarts); once its
+                # state is back, the call is asked again of the restarted actor.
+                self._recover(i)
+                answers.append(ray.get(getattr(self.workers[i], method).remote(*args)))
+        return answers
+
+    def _recover(self, i: int) -> None:
+        """Bring restarted worker `i` back to where the run is: the newest weights, then its
+        prompt stream and admission clock from its last snapshot (counting the weight pushes
+        since), then generation. Groups it held in flight are generated again."""
+        import ray
+
+        worker = self.workers[i]
+        timeout = self.cfg.runtime.placement_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:  # until Ray has noticed the death and the restarted actor answers
+            try:
+                ray.get(worker.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"rollout worker {i} died and was not back within runtime.placement_timeout_s={timeout:g} "
+                        f"(runtime.actor_restarts={self.cfg.runtime.actor_restarts}; it asks "
+                        f"{role_requests(self.cfg.runtime)[0].each}): {str(err).splitlines()[0]}"
+                    ) from err
+                time.sleep(0.5)
+        if self.weights_ref is not None:
+            ray.get(worker.update_weights.remote(self.weights_ref, self.weights_version))
+        if self.snapshots[i] is not None:  # after the weights: it resets the admission clock
+            ray.get(worker.load_state_dict.remote(self.snapshots[i], self.snapshot_versions[i]))
+        if self.started:
+            ray.get(worker.start.remote())
+        self.restarts += 1
+        print(f"rollout worker {i} was restarted by Ray and reloaded its state (restart {self.restarts})")
+
+    def _snapshot(self, version: int) -> None:
+        if self.kind != "ray":
+            return
+        self.snapshots = self._call("state_dict")
+        self.snapshot_versions = [version] * len(self.workers)
 
     def start(self) -> None:
         self._call("start")
+        self.started = True
 
     def get_batch(self, trainer_version: int) -> list[Group]:
         parts = self._call("get_batch", trainer_version)
+        self._snapshot(trainer_version)
         return join_parts(parts) if self.spread else [g for part in parts for g in part]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
@@ -72,11 +136,17 @@ class WorkerGroup:
             import ray
 
             snapshot = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+            self.weights_ref, self.weights_version = snapshot, version
         elif self.workers[0].background:
             snapshot = {k: v.detach().clone() for k, v in state_dict.items()}
         else:
             snapshot = state_dict
         self._call("update_weights", snapshot, version)
+        if self.kind == "ray":
+            for state in self.snapshots:  # a worker restarted from now on had this push too
+                if state is not None:
+                    state["swaps"] = state.get("swaps", version) + 1
+            self.snapshot_versions = [version] * len(self.workers)
 
     def evaluate(self, samples: int) -> EvalResult:
         return self._call_first("evaluate", samples)
@@ -124,6 +194,7 @@ class WorkerGroup:
         import ray
 
         ray.get([w.load_state_dict.remote(s, version) for w, s in zip(self.workers, states, strict=True)])
+        self.snapshots, self.snapshot_versions = list(states), [version] * len(states)
 
     def stop(self) -> None:
         self._call("stop")
