@@ -23,6 +23,9 @@ const state = { run: null, keys: {}, rows: 0, gen: 0, source: null, tab: "charts
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
 const fmt = (v, d = 3) => (v === null || v === undefined ? "" : typeof v === "number" ? +v.toFixed(d) : v);
+const plotlyReady = new Promise((resolve) => {
+  if (window.Plotly) resolve(); else $("plotly-js").addEventListener("load", resolve);
+});
 const api = async (path) => { const r = await fetch(path); if (!r.ok) throw new Error(`${path}: ${r.status}`); return r.json(); };
 
 // ---- runs list ------------------------------------------------------------------------
@@ -59,6 +62,7 @@ async function openRun(name) {
 }
 
 async function loadCharts() {
+  await plotlyReady;
   // Only the keys some chart draws: a run logs ~40 metrics, the charts show ~15.
   const match = CHARTS.flatMap((c) => c[2].map((p) => p.source)).join("|");
   const data = await api(`/api/runs/${encodeURIComponent(state.run)}/metrics?match=${encodeURIComponent(match)}`);
@@ -105,6 +109,7 @@ async function loadDetails() {
 
 // ---- pipeline --------------------------------------------------------------------------
 async function loadPipeline() {
+  await plotlyReady;
   const t = await api(`/api/runs/${encodeURIComponent(state.run)}/timeline?last_s=120`);
   const actors = Object.keys(t.spans).sort((a, b) => (a === "trainer") - (b === "trainer") || a.localeCompare(b));
   const byState = {};
