@@ -15,7 +15,7 @@ token (the run checks it). Reported per model and number of concurrent episodes:
 prompt tokens run through prefill forwards per episode, mean seconds per
 turn (submit to result), episode wall time, and the ratios.
 
-Models: the built-in model (`model.path=builtin`, 0.8M parameters, a
+Models: the built-in model (`model.path=builtin`, 1.1M parameters, a
 character tokenizer) and a larger random-weight Qwen2 (transformers'
 Qwen2ForCausalLM from `cadence.models.tiny`; no model hub is reachable here).
 """
