@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import sys
 
 import pytest
 import torch
@@ -209,3 +211,32 @@ def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
     assert_same_weights(single.policy.state_dict(), weights_2, start)
     for mine, theirs in zip(single.critics.critics, critics_2.critics, strict=True):
         assert_same_weights(mine.state_dict(), theirs.state_dict())
+
+
+@pytest.mark.slow
+def test_ray_ranks_in_a_placement_group_match_one_rank():
+    """runtime.kind=ray: the ranks are Ray actors in one placement group, same numbers; a
+    request the cluster cannot hold fails at once with the fields to change."""
+    import ray
+
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy="ddp")
+    algo = AlgorithmConfig()
+    single = build_trainer(cfg, algo)
+    metrics_1 = steps(single, 0, 2)
+    # Our own Ray, not a cluster some other run started; its workers import this test module.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    try:
+        with pytest.raises(RuntimeError, match="lower runtime.trainer_workers or runtime.trainer_cpus"):
+            TrainerGroup(build_trainer, cfg, RuntimeConfig(kind="ray", trainer_workers=2, trainer_cpus=4))
+        group = TrainerGroup(functools.partial(build_trainer, cfg, algo), cfg,
+                             RuntimeConfig(kind="ray", trainer_workers=2, trainer_cpus=1))
+        try:
+            metrics_2 = steps(group, 0, 2)
+            weights_2 = group.weights()
+        finally:
+            group.close()
+    finally:
+        ray.shutdown()
+    assert_same_metrics(metrics_1, metrics_2)
+    assert_same_weights(single.policy.state_dict(), weights_2)
