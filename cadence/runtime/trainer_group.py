@@ -112,6 +112,20 @@ class TrainerRankError(RuntimeError):
     """A trainer rank failed; the message carries its traceback."""
 
 
+def _failed(ref: Any) -> bool:
+    """Whether a finished Ray call raised (a dead rank's); one still running counts as alive."""
+    import ray
+
+    ready, _ = ray.wait([ref], timeout=0)
+    if not ready:
+        return False
+    try:
+        ray.get(ready[0])
+        return False
+    except ray.exceptions.RayError:
+        return True
+
+
 class TrainerGroup:
     def __init__(
         self, build: Build, trainer_cfg: TrainerConfig, runtime: RuntimeConfig, model: torch.nn.Module | None = None
@@ -155,7 +169,10 @@ class TrainerGroup:
 
         if not ray.is_initialized():
             ray.init(address=runtime.address, include_dashboard=False, logging_level="ERROR")
-        bundle = {"CPU": runtime.trainer_cpus, **({"GPU": runtime.trainer_gpus} if runtime.trainer_gpus else {})}
+        bundle = {
+            "CPU": runtime.trainer_cpus, **({"GPU": runtime.trainer_gpus} if runtime.trainer_gpus else {}),
+            **runtime.trainer_resources,
+        }
         cannot = (
             f"runtime.trainer_workers={self.world}: the Ray cluster cannot place {self.world} ranks of {bundle} "
             f"(it has {ray.cluster_resources()}); lower runtime.trainer_workers or runtime.trainer_cpus/trainer_gpus"
@@ -182,7 +199,15 @@ class TrainerGroup:
 
     # -- calling every rank ------------------------------------------------------
     def _answers(self) -> list[Any]:
-        replies = [receive(conn) for conn in self.conns]
+        replies = []
+        for rank, conn in enumerate(self.conns):
+            try:
+                replies.append(receive(conn))
+            except (EOFError, ConnectionError) as err:  # the rank's process died (kill -9, OOM)
+                raise TrainerRankError(
+                    f"trainer rank {rank} of {self.world} died (exit code {self.procs[rank].exitcode}): the step "
+                    "failed; resume from the last checkpoint (cadence train --resume, or runtime.max_restarts > 0)"
+                ) from err
         failures = [text for status, text in replies if status == "error"]
         if failures:
             raise TrainerRankError(f"a trainer rank failed:\n{failures[0]}")
@@ -193,7 +218,17 @@ class TrainerGroup:
         if self.kind == "ray":
             import ray
 
-            return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+            refs = [getattr(a, method).remote(*args) for a in self.actors]
+            try:
+                return ray.get(refs)
+            except ray.exceptions.RayActorError as err:
+                # A rank's process or node died: the group's collectives cannot go on without it.
+                dead = [i for i, r in enumerate(refs) if _failed(r)]
+                raise TrainerRankError(
+                    f"trainer rank(s) {dead or '?'} of {self.world} died during {method}: the step failed; "
+                    f"resume from the last checkpoint (cadence train --resume, or runtime.max_restarts > 0): "
+                    f"{str(err).splitlines()[0]}"
+                ) from err
         for conn in self.conns:
             send(conn, (method, args))
         return self._answers()
