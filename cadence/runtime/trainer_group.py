@@ -204,10 +204,7 @@ class TrainerGroup:
             try:
                 replies.append(receive(conn))
             except (EOFError, ConnectionError) as err:  # the rank's process died (kill -9, OOM)
-                raise TrainerRankError(
-                    f"trainer rank {rank} of {self.world} died (exit code {self.procs[rank].exitcode}): the step "
-                    "failed; resume from the last checkpoint (cadence train --resume, or runtime.max_restarts > 0)"
-                ) from err
+                raise self._died(rank) from err
         failures = [text for status, text in replies if status == "error"]
         if failures:
             raise TrainerRankError(f"a trainer rank failed:\n{failures[0]}")
@@ -229,9 +226,19 @@ class TrainerGroup:
                     f"resume from the last checkpoint (cadence train --resume, or runtime.max_restarts > 0): "
                     f"{str(err).splitlines()[0]}"
                 ) from err
-        for conn in self.conns:
-            send(conn, (method, args))
+        for rank, conn in enumerate(self.conns):
+            try:
+                send(conn, (method, args))
+            except OSError as err:  # BrokenPipeError: the rank's process is gone
+                raise self._died(rank) from err
         return self._answers()
+
+    def _died(self, rank: int) -> TrainerRankError:
+        self.procs[rank].join(timeout=1)
+        return TrainerRankError(
+            f"trainer rank {rank} of {self.world} died (exit code {self.procs[rank].exitcode}): the step "
+            "failed; resume from the last checkpoint (cadence train --resume, or runtime.max_restarts > 0)"
+        )
 
     # -- what the recipe calls -----------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
