@@ -35,10 +35,8 @@ trainer forward reproduces. Tokens sampled before the swap keep the old
 policy's log-probs: it sampled them. Log-probs (mu) are log_softmax(logits /
 T)[token] over the full vocabulary, also with top_p < 1 (see `GenResult`).
 
-An episode's turns (requests with the same `cache_key`) keep their KV cache
-between turns: a finished request's keys and values are copied out, and the
-next turn prefills only its new tokens (`prefix_reuse.py`: how entries are
-keyed, verified by tokens, bounded, and dropped at a weight swap).
+An episode's turns (requests with one `cache_key`) keep their KV cache between
+turns, so a turn prefills only its new tokens (see `prefix_reuse.py`).
 """
 
 from __future__ import annotations
@@ -334,14 +332,6 @@ class EmbeddedEngine:
             )
         return out.logits[:, -1], sum(min(n, new) for n in lengths)
 
-    def _set_slots(
-        self, slots: list[int], last: Tensor, reqs: list[GenRequest], pos: list[int]
-    ) -> None:
-        """Per-slot state of rows that just got their cache: next input, its position, sampling."""
-        temp, top_p = [r.params.temperature for r in reqs], [r.params.top_p for r in reqs]
-        self._in.set(slots, last, pos, temp, top_p)
-        self._order_stale = True
-
     def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
         """Run the prompts of newly admitted requests, writing their cache into free slots.
 
@@ -370,7 +360,8 @@ class EmbeddedEngine:
         temp = torch.tensor([r.params.temperature for r in reqs], device=self.device)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=self.device)
         tokens, logprobs = self._sample(logits, temp, top_p)
-        self._set_slots(slots, tokens, reqs, lengths)
+        self._in.set(slots, tokens, lengths, [r.params for r in reqs])
+        self._order_stale = True
         new_rows = [self._new_seq(r, slot) for r, slot in zip(reqs, slots, strict=True)]
         self._running += new_rows
         self._stats["prefills"] += 1
@@ -409,7 +400,8 @@ class EmbeddedEngine:
             self._fill_slots(contexts[first:end], slots[first:end])
             first = end
         last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
-        self._set_slots(slots, last, [seq.req for seq in seqs], [len(c) for c in contexts])
+        self._in.set(slots, last, [len(c) for c in contexts], [seq.req.params for seq in seqs])
+        self._order_stale = True
         self._stats["recomputes"] += 1
         self._stats["recomputed_tokens"] += sum(len(c) for c in contexts)
         self._stats["recompute_s"] += time.perf_counter() - start

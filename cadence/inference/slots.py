@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cadence.inference.types import SamplingParams
+
 Index = Tensor | slice
 
 
@@ -41,16 +43,14 @@ class SlotInputs:
             self.temp = torch.cat([self.temp, self.temp.new_zeros(more)])
             self.top_p = torch.cat([self.top_p, self.top_p.new_ones(more)])
 
-    def set(
-        self, slots: list[int], last: Tensor, pos: list[int], temp: list[float], top_p: list[float]
-    ) -> None:
+    def set(self, slots: list[int], last: Tensor, pos: list[int], params: list[SamplingParams]) -> None:
         """Slots that just got their cache: next input token, its position, sampling settings."""
         index = torch.tensor(slots, device=self.device)
         self.last[index] = last
         self.pos[index] = torch.tensor(pos, device=self.device)
         self.alive[index] = 1
-        self.temp[index] = torch.tensor(temp, device=self.device)
-        self.top_p[index] = torch.tensor(top_p, device=self.device)
+        self.temp[index] = torch.tensor([p.temperature for p in params], device=self.device)
+        self.top_p[index] = torch.tensor([p.top_p for p in params], device=self.device)
 
     def kill(self, index: Index = slice(None)) -> None:
         """Mark slots dead (all of them by default)."""
