@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from cadence.config import RunConfig
+from cadence.sandbox.testing import free_port
 
 
 class BesideDashboard:
@@ -36,14 +37,8 @@ def _port_free(port: int) -> bool:
         return s.getsockname()[1] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_beside(cfg: RunConfig, run_dir: Path) -> BesideDashboard | None:
-    port = cfg.logging.dashboard_port or _free_port()
+    port = cfg.logging.dashboard_port or free_port()
     if not _port_free(port):
         print(f"note: logging.dashboard: port {port} is taken (a dashboard already running? it shows this run "
               f"too if it serves {run_dir.parent}); set logging.dashboard_port=0 for any free port", flush=True)

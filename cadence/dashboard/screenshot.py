@@ -3,15 +3,12 @@
     python -m cadence.dashboard.screenshot --runs runs --run NAME --out docs/images/dashboard.png
 
 Needs playwright's Python package and Debian's chromium (`apt-get install chromium`); the
-dashboard is served in this process on a free 127.0.0.1 port while the picture is taken.
+dashboard is served in a thread of this process on a free 127.0.0.1 port while the picture is taken.
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
-import threading
-import time
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
@@ -20,34 +17,22 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 def screenshot(runs: Path, run: str, out: Path, tab: str = "charts", width: int = 1400, height: int = 900) -> Path:
-    import uvicorn
     from playwright.sync_api import sync_playwright
 
     from cadence.dashboard.app import create_app
+    from cadence.dashboard.serve import serving_in_thread
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(runs), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.goto(f"http://127.0.0.1:{port}/#/run/{run}")
-            page.wait_for_selector("#chart-reward .main-svg", timeout=60_000)
-            if tab != "charts":
-                page.click(f'#tabs button[data-tab="{tab}"]')
-            page.wait_for_timeout(1500)  # the last charts' transitions
-            out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(out))
-            browser.close()
-    finally:
-        server.should_exit = server.force_exit = True
-        thread.join(timeout=10)
+    with serving_in_thread(create_app(runs)) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"{url}/#/run/{run}")
+        page.wait_for_selector("#chart-reward .main-svg", timeout=60_000)
+        if tab != "charts":
+            page.click(f'#tabs button[data-tab="{tab}"]')
+        page.wait_for_timeout(1500)  # the last charts' transitions
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out))
+        browser.close()
     return out
 
 

@@ -4,9 +4,17 @@ an access token (generated at start and printed in the address)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from fastapi import FastAPI
+
+from cadence.sandbox.testing import free_port
 
 DEFAULT_PORT = 8484
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -26,6 +34,29 @@ def serve(runs: str = "runs", host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     address = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     print(f"cadence dashboard on {address} (runs under {Path(runs).resolve()})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve `app` on a free 127.0.0.1 port in a thread of this process; yields the base URL
+    (for the screenshot tool and tests). The server stops on the way out."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the dashboard did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        server.force_exit = True  # server-sent-event streams stay open: do not wait for them
+        thread.join(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> None:
