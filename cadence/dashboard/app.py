@@ -136,12 +136,12 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
             cursor, generation = rows, gen
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
-                listing = json.dumps(await asyncio.to_thread(index.runs))
+                listing = json.dumps(await asyncio.to_thread(index.runs, poll_s / 2))
                 if listing != last.get("runs"):
                     last["runs"] = listing
                     yield f"event: runs\ndata: {listing}\n\n"
                 if watched is not None:
-                    await asyncio.to_thread(watched.refresh)
+                    await asyncio.to_thread(watched.refresh, True, watched.events_wanted, watched.samples_wanted)
                     if watched.generation != generation:  # metrics.jsonl was cut back: start over
                         generation, cursor = watched.generation, 0
                         yield f"event: reset\ndata: {json.dumps({'gen': generation})}\n\n"

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import threading
+import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class RunReader:
         self._samples_old_read = False
         self.samples: deque = deque(maxlen=SAMPLES_KEPT)
         self.sample_count = 0
+        # Read by the event stream only once a page asked for them (a week-long run's timeline
+        # is worth parsing when someone opens the pipeline view, not on every chart view).
+        self.events_wanted = self.samples_wanted = False
 
     # -- refreshing ------------------------------------------------------------------
     def refresh(self, metrics: bool = True, events: bool = True, samples: bool = True) -> None:
@@ -147,6 +151,7 @@ class RunReader:
         return [{k: v for k, v in r.items() if k == "step" or _finite(v)} for r in self.rows[since:]]
 
     def timeline(self, last_s: float = 120.0) -> dict[str, Any]:
+        self.events_wanted = True
         ends = [d[-1]["t1"] for d in self.spans.values() if d]
         now = max(ends) if ends else 0.0
         spans = {actor: [s for s in d if s["t1"] >= now - last_s] for actor, d in self.spans.items()}
@@ -155,6 +160,7 @@ class RunReader:
 
     def sample_groups(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest logged groups, one entry each."""
+        self.samples_wanted = True
         groups: dict[tuple[int, int], dict[str, Any]] = {}
         for s in reversed(self.samples):
             key = (s["step"], s["group_id"])
@@ -209,6 +215,13 @@ def _text(path: Path, limit: int = 200000) -> str | None:
         return None
 
 
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 def _step_of(name: str) -> int:
     tail = name.rsplit("_", 1)[-1]
     return int(tail) if tail.isdigit() else -1
@@ -221,6 +234,8 @@ class RunIndex:
         self.root = root
         self._readers: dict[str, RunReader] = {}
         self._configs: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._rows: dict[str, tuple[tuple, dict[str, Any]]] = {}  # name -> (files' mtimes, row)
+        self._listing: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self._lock = threading.Lock()
 
     def reader(self, name: str) -> RunReader | None:
@@ -232,11 +247,27 @@ class RunIndex:
                 self._readers[name] = RunReader(path)
             return self._readers[name]
 
-    def runs(self) -> list[dict[str, Any]]:
-        if not self.root.is_dir():
-            return []
-        rows = [self._row(p) for p in self.root.iterdir() if is_run(p)]
-        return sorted(rows, key=lambda r: r["updated"], reverse=True)
+    def runs(self, max_age_s: float = 0.0) -> list[dict[str, Any]]:
+        """The runs, newest first. Every browser's event stream asks each poll: with `max_age_s`
+        a listing that recent is shared, and a run whose files did not change is not read again."""
+        with self._lock:
+            made, listing = self._listing
+            if time.monotonic() - made <= max_age_s:
+                return listing
+        rows = [self._cached_row(p) for p in self.root.iterdir() if is_run(p)] if self.root.is_dir() else []
+        listing = sorted(rows, key=lambda r: r["updated"], reverse=True)
+        with self._lock:
+            self._listing = (time.monotonic(), listing)
+        return listing
+
+    def _cached_row(self, run_dir: Path) -> dict[str, Any]:
+        stamp = tuple(_mtime(run_dir / f) for f in ("metrics.jsonl", "status.json", "summary.json", "config.yaml"))
+        cached = self._rows.get(run_dir.name)
+        # A run still `running` is read again anyway: its process may have died without a word.
+        if cached is None or cached[0] != stamp or cached[1]["state"] == "running":
+            cached = (stamp, self._row(run_dir))
+            self._rows[run_dir.name] = cached
+        return cached[1]
 
     def _row(self, run_dir: Path) -> dict[str, Any]:
         status = read_status(run_dir)
