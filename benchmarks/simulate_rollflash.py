@@ -94,6 +94,21 @@ def run_comparisons() -> list[dict]:
     return out
 
 
+def cost_summary(cfg) -> dict:
+    """What the cost model says about one preset: slots, step times, and the theory's inputs."""
+    from cadence.simulate.costs import decode_step_s, response_moment
+    from cadence.simulate.theory import longest_response, theory_inputs
+
+    t, m, g, ro, w = theory_inputs(cfg), cfg.model, cfg.gpu, cfg.rollout, cfg.workload
+    mean, square = response_moment(w, 1), response_moment(w, 2)
+    context = w.prompt_tokens + square / (2 * mean)
+    longest = longest_response(w)
+    return {"slots": t.slots, "mean_response_tokens": mean, "mean_context_tokens": context,
+            "decode_step_full_s": decode_step_s(m, g, ro, t.slots, round(t.slots * context)),
+            "decode_step_alone_longest_s": decode_step_s(m, g, ro, 1, round(w.prompt_tokens + longest)),
+            "mu_gen": t.mu_gen, "l_gen": t.l_gen, "mu_train": t.mu_train}
+
+
 def run_curves() -> dict:
     think = load_sim_config(THINK, None, [*CURVE, "cluster.gpus=8", "workload.prompts_per_step=32"])
     return {
@@ -116,7 +131,9 @@ def plot(results: dict) -> None:
     g = [r["gpus"] for r in rows]
     ax.loglog(g, [r["sync_samples_per_s"] for r in rows], "o-", label="sync (colocated)")
     ax.loglog(g, [r["async_samples_per_s"] for r in rows], "s-", label="async (alpha=2, beta* split)")
-    ax.loglog(g, [rows[0]["async_samples_per_s"] * x / g[0] for x in g], "k:", label="linear")
+    # Linear from 16 GPUs: at 8, beta* rounds to one training GPU and async is training-bound.
+    anchor = next((r for r in rows if r["gpus"] == 16), rows[0])
+    ax.loglog(g, [anchor["async_samples_per_s"] * x / anchor["gpus"] for x in g], "k:", label="linear from 16 GPUs")
     ax.set_xlabel("GPUs (prompts per step grow with them)")
     ax.set_ylabel("samples / s (simulated)")
     ax.set_title("Qwen3-8B think, H800")
@@ -196,6 +213,7 @@ def main() -> None:
         results["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.perf_counter() - began,
                            "load_before": load_before, "load_after": os.getloadavg()}
         results["presets"] = {name: load_sim_config(name).model_dump() for name in (THINK, BASE)}
+        results["cost_model"] = {name: cost_summary(load_sim_config(name)) for name in (THINK, BASE)}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2))
     plot(results)

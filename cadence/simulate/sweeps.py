@@ -54,6 +54,8 @@ def compare(cfg: SimConfig, progress: Progress = _quiet) -> dict:
         "sync_step_s": sync.step_s,
         "async_step_s": asy.step_s,
         "async_staleness": _staleness(asy),
+        "sync_engine_busy": sync.engine_busy_fraction,
+        "async_engine_busy": asy.engine_busy_fraction,
     }
 
 
