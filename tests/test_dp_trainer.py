@@ -15,10 +15,11 @@ import sys
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
 from cadence.algo.aggregation import MODES, aggregate, batch_denominators
 from cadence.algo.config import AlgorithmConfig
-from cadence.config import RuntimeConfig, TrainerConfig
+from cadence.config import ConfigError, RuntimeConfig, TrainerConfig, load_config
 from cadence.models.tiny import tiny_model
 from cadence.rollout.sample import Group, Sample
 from cadence.runtime.trainer_group import TrainerGroup
@@ -240,3 +241,24 @@ def test_ray_ranks_in_a_placement_group_match_one_rank():
         ray.shutdown()
     assert_same_metrics(metrics_1, metrics_2)
     assert_same_weights(single.policy.state_dict(), weights_2)
+
+
+def test_config_refuses_data_parallel_settings_that_cannot_work(tiny_llama_dir, monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(ConfigError, match=rf"runtime.trainer_workers={cores + 1} exceeds the {cores} CPUs.*set "):
+        load_config(None, [f"runtime.trainer_workers={cores + 1}"])
+    with pytest.raises(ConfigError, match="is more than the 1 sequences of a mini-batch"):
+        load_config(None, ["runtime.trainer_workers=2", "rollout.prompts_per_step=1", "rollout.group_size=2",
+                           "trainer.mini_batches=2", "trainer.micro_batch_size=1"])
+    with pytest.raises(ConfigError, match="set them to false"):
+        load_config(None, ["runtime.trainer_workers=2", "runtime.kind=ray", "runtime.critic_actor=true",
+                           "algorithm.name=ppo"])
+    fsdp = ["runtime.trainer_workers=2", "trainer.strategy=fsdp", f"model.path={tiny_llama_dir}"]
+    assert load_config(None, fsdp).trainer.strategy == "fsdp"  # Llama names its decoder layers
+    monkeypatch.setattr(LlamaPreTrainedModel, "_no_split_modules", None)  # a model that names no blocks
+    with pytest.raises(ConfigError) as err:
+        load_config(None, fsdp)
+    assert err.value.args[0].splitlines()[1].strip() == (
+        "trainer.strategy=fsdp: no decoder layers found in LlamaForCausalLM (its _no_split_modules names none); "
+        "use trainer.strategy=ddp"
+    )
