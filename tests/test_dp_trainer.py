@@ -193,7 +193,8 @@ def build_critic_credit_trainer(trainer_cfg: TrainerConfig, algo: AlgorithmConfi
 
 @pytest.mark.slow
 def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
-    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy="fsdp")
+    """... with FSDP's CPU offload on (host memory unpinned here: there is no GPU)."""
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=2, micro_batch_tokens=None, strategy="fsdp", cpu_offload=True)
     algo = AlgorithmConfig(name="asyppo", credit="local", critic={"warmup_steps": 0})
     single = build_critic_credit_trainer(cfg, algo)
     start = copy.deepcopy(single.policy.state_dict())

@@ -68,7 +68,8 @@ class DataParallel:
                 f"trainer.strategy=fsdp: no decoder layers found in {type(model).__name__} "
                 "(its _no_split_modules names none); use trainer.strategy=ddp"
             )
-        policy = CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
+        # Pinned host memory speeds copies to a GPU; a CPU-only run has none to pin (nor to copy to).
+        policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.cpu_offload else OffloadPolicy()
         for layer in layers:
             fully_shard(layer, offload_policy=policy)
         fully_shard(model, offload_policy=policy)
