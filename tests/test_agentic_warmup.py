@@ -38,6 +38,13 @@ def test_an_episode_is_laid_out_as_a_rollout_lays_it_out_with_the_loss_on_the_re
     assert tokenizer.decode(trained) == "".join(t.response + tokenizer.eos_token for t in demo.turns)
 
 
+def test_bare_short_replies_are_the_moves_letter():
+    tagged, bare = (demonstrations("frozenlake", [7], tag=tag, short=short)[0] for tag, short in
+                    (("answer", False), (None, True)))
+    assert [t.response for t in bare.turns] == [t.response[len("<answer>")] for t in tagged.turns]
+    assert {t.response for t in bare.turns} <= set("LDRU")
+
+
 def test_a_sloppy_demonstrator_walks_as_if_there_were_no_holes():
     env = FrozenLakeEnv(rules=False)
     fell = 0
@@ -61,7 +68,7 @@ def test_the_frozenlake_warm_up_runs_and_saves_a_checkpoint_plain_transformers_l
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer) and (out / "sft_config.yaml").is_file()
     ids = tokenizer("SFFF\nFHFH\nFFFH\nHFFG\n", return_tensors="pt").input_ids
-    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+    assert ids.shape[1] < model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] <= ids.shape[1] + 3
 
 
 def test_builtin_frozenlake_is_shipped_and_unknown_builtins_are_named():

@@ -59,10 +59,18 @@ HABITS: dict[str, Callable[[Any], str | None]] = {"FrozenLakeEnv": hole_blind_ac
 
 
 def demonstrate(
-    env: Any, seed: int, max_turns: int = 100, tag: str = "answer", slip: float = 0.0, rng: random.Random | None = None
+    env: Any,
+    seed: int,
+    max_turns: int = 100,
+    tag: str | None = "answer",
+    slip: float = 0.0,
+    rng: random.Random | None = None,
+    short: bool = False,
 ) -> Demonstration:
     """Play one episode of `env` (with an `expert_action()` method) from `seed`.
 
+    A reply is the move in `<tag>...</tag>`, or bare with `tag=None` (for
+    `env.action_tag=null`); `short`: the move's first letter ("D" for Down).
     With `slip` > 0, each turn plays the environment's habitual mistake
     (`HABITS`) instead with that probability, drawn from `rng`.
     """
@@ -80,7 +88,8 @@ def demonstrate(
             break
         if slip > 0 and rng.random() < slip:
             action = habit(env) or action
-        response = f"<{tag}>{action}</{tag}>"
+        move = action[0] if short else action
+        response = f"<{tag}>{move}</{tag}>" if tag else move
         next_observation, reward, terminated, truncated, _ = env.step(action)
         demo.turns.append(Turn(observation, response, float(reward)))
         demo.total_reward += float(reward)
@@ -93,11 +102,19 @@ def demonstrate(
 
 
 def demonstrations(
-    name: str, seeds: Iterable[int], kwargs: dict[str, Any] | None = None, max_turns: int = 100, slip: float = 0.0
+    name: str,
+    seeds: Iterable[int],
+    kwargs: dict[str, Any] | None = None,
+    max_turns: int = 100,
+    slip: float = 0.0,
+    tag: str | None = "answer",
+    short: bool = False,
 ) -> list[Demonstration]:
     """Expert episodes of built-in env `name` ('frozenlake' or 'sokoban'), one per seed;
-    `slip`: the share of turns the demonstrator plays its habitual mistake (see `demonstrate`)."""
+    `slip`, `tag` and `short` as in `demonstrate`."""
     from cadence.envs.registry import resolve_env_class
 
     env = resolve_env_class(name)(**(kwargs or {}))
-    return [demonstrate(env, seed, max_turns, slip=slip, rng=random.Random(seed)) for seed in seeds]
+    return [
+        demonstrate(env, seed, max_turns, tag=tag, slip=slip, rng=random.Random(seed), short=short) for seed in seeds
+    ]

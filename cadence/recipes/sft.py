@@ -54,6 +54,10 @@ class SFTEnvConfig(BaseModel):
         0.0, ge=0, le=1, description="Share of turns where the demonstrator plays the environment's habitual "
         "mistake instead of the expert move (frozenlake: walking as if there were no holes)."
     )
+    action_tag: str | None = Field(
+        "answer", description="Replies as <tag>move</tag>; null: the bare move (train with env.action_tag=null)."
+    )
+    short_actions: bool = Field(False, description="Replies name a move by its first letter (D for Down).")
     first_seed: int = Field(
         10**8, ge=0, description="Demonstrations play seeds first_seed, first_seed+1, ...: neither RL's "
         "training seeds (from 1000) nor its held-out ones (from 10**9)."
@@ -190,7 +194,8 @@ def training_rows(cfg: SFTConfig, tokenizer) -> list[Row]:
     if cfg.env is not None:
         e = cfg.env
         seeds = range(e.first_seed, e.first_seed + cfg.examples)
-        return encode_episodes(tokenizer, demonstrations(e.name, seeds, e.kwargs, e.max_turns, slip=e.slip))
+        demos = demonstrations(e.name, seeds, e.kwargs, e.max_turns, e.slip, e.action_tag, e.short_actions)
+        return encode_episodes(tokenizer, demos)
     task = build_task(cfg.task)
     if not hasattr(task, "sft_examples"):
         raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")
