@@ -160,12 +160,15 @@ class RuntimeConfig(Section):
     )
     credit_cpus: float = Field(1.0, gt=0, description="CPUs of the actor_attn actor, ray only.")
     trainer_workers: int = Field(
-        1, gt=0, description="Data-parallel trainer ranks in one torch.distributed group (gloo on CPU, NCCL on "
-        "GPU): processes on this machine (inline) or Ray actors in a placement group (ray); each trains on a "
+        1, gt=0, description="Data-parallel trainer ranks in one torch.distributed group (gloo): processes on "
+        "this machine (inline) or Ray actors in a placement group (ray); each trains on a "
         "token-balanced share of every batch. 1: the trainer runs in this process."
     )
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs per trainer rank (its torch threads), ray only.")
-    trainer_gpus: float = Field(0.0, ge=0, description="GPUs per trainer rank, ray only (NCCL when > 0).")
+    trainer_gpus: float = Field(
+        0.0, ge=0, description="GPUs reserved per trainer rank, ray only (the trainer itself still computes on CPU, "
+        "over gloo)."
+    )
     rollout_resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each rollout worker asks for, e.g. {rollout_node: 1} "
         "to pin rollout to nodes started with --resources='{\"rollout_node\": 4}'; ray only."

@@ -5,7 +5,7 @@
                        torch.multiprocessing (spawn), talking to this one over pipes
   runtime.kind=ray     N Ray actors in one placement group, one bundle of
                        `runtime.trainer_cpus` CPUs (and `trainer_gpus` GPUs) per rank
-The ranks join one process group (gloo on CPU, NCCL on GPU) at rank 0's address
+The ranks join one process group (gloo: the trainer computes on CPU) at rank 0's address
 and each builds its own `PolicyTrainer` with a `DataParallel` view of the group.
 The driver (the recipe) sends every rank the same call with the whole batch;
 the ranks split the work among themselves (`cadence.train.data_parallel`) and
@@ -135,7 +135,9 @@ class TrainerGroup:
         self.world = runtime.trainer_workers
         self.model = model
         self.kind = runtime.kind
-        backend = "nccl" if runtime.trainer_gpus > 0 and torch.cuda.is_available() else "gloo"
+        # The trainer computes on CPU (as the one-process trainer does): gloo. NCCL needs the policy
+        # and batches on the rank's GPU, which PolicyTrainer does not place yet.
+        backend = "gloo"
         threads = max(1, int(runtime.trainer_cpus)) if self.kind == "ray" else 1
         ranks = [
             TrainerRank(r, self.world, build, trainer_cfg.strategy, trainer_cfg.cpu_offload, threads)
