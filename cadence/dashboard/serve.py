@@ -43,7 +43,9 @@ def serving_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # Open server-sent-event streams get a second to end, then are cut.
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
@@ -55,7 +57,6 @@ def serving_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        server.force_exit = True  # server-sent-event streams stay open: do not wait for them
         thread.join(timeout=10)
 
 

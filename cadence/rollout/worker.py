@@ -231,6 +231,7 @@ class RolloutWorker:
         with self._lock:
             # Evaluate the newest policy: weights queued for a generating worker go in first.
             self._swap_weights(force=True)
+            self.timeline.enter("evaluating")
             return evaluate(self.hub, self.tokenizer, test, self.reward, self.eval_params, samples)
 
     def metrics(self) -> dict[str, float]:
