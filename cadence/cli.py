@@ -6,6 +6,7 @@ Every command takes an optional YAML file and `key.sub=value` overrides, e.g.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Annotated
@@ -77,6 +78,13 @@ def train(
         _fail(err)
     for note in eval_notes(cfg):
         _note(note)
+    from cadence.runtime.supervisor import CHILD_ENV, supervise
+
+    if cfg.runtime.max_restarts > 0 and not os.environ.get(CHILD_ENV):
+        # Unattended: a parent process that resumes the run from its last checkpoint when it dies.
+        args = [*(["--config", config] if config else []), *(overrides or []),
+                *(f"--allow-change={a}" for a in allow_change or [])]
+        raise typer.Exit(supervise(cfg, args, resume))
     from cadence.recipes.train_rlvr import TrainingInterrupted
     from cadence.recipes.train_rlvr import train as run_train
 

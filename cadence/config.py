@@ -184,8 +184,8 @@ class RuntimeConfig(Section):
         "stops with an error naming its role."
     )
     actor_restarts: int = Field(
-        3, ge=-1, description="ray only: times Ray restarts a dead rollout/critic/actor_attn actor (its node "
-        "died, it was killed); the run reloads its state and goes on. -1 = no limit."
+        3, ge=-1, description="ray only: times a dead rollout worker actor (its node died, it was killed) is "
+        "replaced by a new one that reloads its state (weights, prompt position) and the run goes on; -1 = no limit."
     )
     max_restarts: int = Field(
         0, ge=0, description="`cadence train`: times the supervisor resumes a failed run from its last "

@@ -13,7 +13,6 @@ shared by all workers.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from cadence.config import ConfigError, RunConfig
@@ -21,6 +20,7 @@ from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.cluster import check_fit, role_requests, wait_ready
+from cadence.runtime.supervisor import record_restart
 from cadence.runtime.threads import cpu_share
 
 
@@ -48,14 +48,15 @@ class WorkerGroup:
         rt = cfg.runtime
         check_fit(rt)  # one line naming the role that cannot be placed, before anything starts
         cpus = rt.rollout_cpus
-        # A dead actor (its node died, it was killed) is restarted by Ray with its constructor
-        # arguments; `_recover` then gives it back its state (see there).
-        actor = ray.remote(worker_class(cfg)).options(
+        # No restarts by Ray itself (max_restarts=0): a transparently restarted actor would take
+        # the next call with fresh state (base weights, first prompts). A dead actor fails its
+        # next call instead, and `_recover` starts a replacement wherever Ray finds room.
+        self.actor = ray.remote(worker_class(cfg)).options(
             num_cpus=cpus, num_gpus=rt.rollout_gpus, resources=rt.rollout_resources or None,
-            max_concurrency=4, max_restarts=rt.actor_restarts,
+            max_concurrency=4, max_restarts=0,
         )
-        threads = max(1, math.floor(cpus))
-        self.workers = [actor.remote(cfg, i, n, threads) for i in range(n)]
+        self.threads = max(1, math.floor(cpus))
+        self.workers = [self.actor.remote(cfg, i, n, self.threads) for i in range(n)]
         wait_ready(self.workers, "rollout", role_requests(rt)[0].each, rt.placement_timeout_s)
         # What a restarted worker needs: its last state (taken after each batch it handed
         # out), the version it had then, and the newest weights (an object-store reference).
@@ -76,34 +77,28 @@ class WorkerGroup:
         for i, ref in enumerate(refs):
             try:
                 answers.append(ray.get(ref))
-            except ray.exceptions.RayActorError:
-                # The actor died during the call: Ray restarts it (max_restarts); once its
-                # state is back, the call is asked again of the restarted actor.
-                self._recover(i)
+            except ray.exceptions.RayActorError as err:
+                # The actor died (before or during the call): a replacement takes its place,
+                # gets its state back, and is asked the call again.
+                self._recover(i, f"{method}: {str(err).splitlines()[0]}")
                 answers.append(ray.get(getattr(self.workers[i], method).remote(*args)))
         return answers
 
-    def _recover(self, i: int) -> None:
-        """Bring restarted worker `i` back to where the run is: the newest weights, then its
+    def _recover(self, i: int, cause: str) -> None:
+        """Replace dead worker `i` and bring it to where the run is: the newest weights, then its
         prompt stream and admission clock from its last snapshot (counting the weight pushes
         since), then generation. Groups it held in flight are generated again."""
         import ray
 
-        worker = self.workers[i]
-        timeout = self.cfg.runtime.placement_timeout_s
-        deadline = time.monotonic() + timeout
-        while True:  # until Ray has noticed the death and the restarted actor answers
-            try:
-                ray.get(worker.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"rollout worker {i} died and was not back within runtime.placement_timeout_s={timeout:g} "
-                        f"(runtime.actor_restarts={self.cfg.runtime.actor_restarts}; it asks "
-                        f"{role_requests(self.cfg.runtime)[0].each}): {str(err).splitlines()[0]}"
-                    ) from err
-                time.sleep(0.5)
+        rt = self.cfg.runtime
+        if 0 <= rt.actor_restarts <= self.restarts:
+            raise RuntimeError(
+                f"rollout worker {i} died ({cause}) after {self.restarts} restart(s) of rollout workers; "
+                f"runtime.actor_restarts={rt.actor_restarts} allows no more"
+            )
+        ray.kill(self.workers[i])  # a worker whose node is merely unreachable must not come back
+        worker = self.workers[i] = self.actor.remote(self.cfg, i, len(self.workers), self.threads)
+        wait_ready([worker], "rollout", role_requests(rt)[0].each, rt.placement_timeout_s)
         if self.weights_ref is not None:
             ray.get(worker.update_weights.remote(self.weights_ref, self.weights_version))
         if self.snapshots[i] is not None:  # after the weights: it resets the admission clock
@@ -111,7 +106,8 @@ class WorkerGroup:
         if self.started:
             ray.get(worker.start.remote())
         self.restarts += 1
-        print(f"rollout worker {i} was restarted by Ray and reloaded its state (restart {self.restarts})")
+        record_restart(self.cfg.run_dir(), {"role": "rollout", "worker": i, "cause": cause, "restart": self.restarts})
+        print(f"rollout worker {i} died ({cause}); restarted and reloaded its state (restart {self.restarts})")
 
     def _snapshot(self, version: int) -> None:
         if self.kind != "ray":
