@@ -165,7 +165,7 @@ def markdown(result: dict) -> str:
         f"(`docs/results/env_async.json` has every run).",
         "",
         "| engine | variant | alpha | episodes/s | x lock-step (alpha 0) | x async (alpha 0) | engine busy "
-        "| step s | trainer idle s/step | fail-stop timeouts | episodes cancelled |",
+        "| step s | trainer idle s/step | step timeouts (run) | episodes cancelled (run) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -205,7 +205,11 @@ def main() -> None:
     ap.add_argument("--sweep-engines", nargs="*", default=["mock"], choices=list(ENGINES))
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here (default: only in a full run)")
+    ap.add_argument("--report", action="store_true", help="only rewrite the docs table from the results JSON")
     args = ap.parse_args()
+    if args.report:
+        write_doc(markdown(json.loads(RESULTS.read_text())))
+        return
     steps, warmup = (2, 1) if args.quick else (args.steps, args.warmup)
     extra = QUICK if args.quick else []
     engines = ["mock"] if args.quick else args.engines
