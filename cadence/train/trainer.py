@@ -180,9 +180,9 @@ class PolicyTrainer:
                 metrics["asyppo/adv_masked_fraction"] = float(((1 - adv_mask) * batch.mask).sum() / valid)
                 metrics["asyppo/entropy_masked_fraction"] = float(((1 - entropy_mask) * batch.mask).sum() / valid)
         if self.credit is not None:
-            gammas, credit_metrics = self._gammas(batch)
+            gammas, rhythm_metrics = self._gammas(batch)
             advantages = shape_advantages(advantages, gammas, batch.mask, self.algo.rhythm.both_signs)
-            metrics.update(credit_metrics)
+            metrics.update(rhythm_metrics)
         return advantages, masks, metrics
 
     # -- data parallel ---------------------------------------------------------
