@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -178,6 +179,7 @@ class Injector:
         self.counts: collections.Counter = collections.Counter()
         self.hits: list[dict] = []  # every kill/hang: which sandbox generation it hit
         self.replaced_in_status: dict[tuple[str, int], str] = {}  # (id, generation) -> last_reason seen
+        self.error: str | None = None
         self.service = stack.enter_context(contextlib.ExitStack())
         self.url, _, self.proc = self.service.enter_context(self._start())
         self.http = stack.enter_context(httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30))
@@ -223,11 +225,14 @@ class Injector:
             self.hits.append({"id": s["id"], "generation": s["generation"], "action": action, "state": s["state"]})
 
     def drive(self, done: threading.Event, progress: list[int], episodes: int, period_s: float = 0.25) -> None:
-        while not done.wait(period_s):
-            if not self.counts["service restart"] and progress[0] >= episodes // 2:
-                self.restart()
-            else:
-                self.inject()
+        try:
+            while not done.wait(period_s):
+                if not self.counts["service restart"] and progress[0] >= episodes // 2:
+                    self.restart()
+                else:
+                    self.inject()
+        except Exception as e:  # reported in the results (and fails the run), not lost with the thread
+            self.error = f"{type(e).__name__}: {e}"
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -309,6 +314,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where every thread is
     if a.quick:
         a.episodes = 40 if a.mode == "service" else 24
     load_before = os.getloadavg()
@@ -337,10 +343,15 @@ def main() -> None:
             if not checks["faults_unaccounted"] or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        status = inj.http.get(f"{inj.url}/v1/status").json()
+        while True:  # spares still starting are not leases: let them finish
+            status = inj.http.get(f"{inj.url}/v1/status").json()
+            if not status["counts"]["starting"] or time.monotonic() > deadline + 10.0:
+                break
+            time.sleep(0.2)
         leftover = [(s["id"], s["state"], s["last_reason"]) for s in status["sandboxes"] if s["state"] != "ready"]
     orphans = orphan_sandboxes()
-    res = {"mode": a.mode, "episodes": a.episodes, **res, "faults_injected": dict(inj.counts), **checks,
+    res = {"mode": a.mode, "episodes": a.episodes, **res, "faults_injected": dict(inj.counts),
+           "injector_error": inj.error, **checks,
            "events": len(events), "status_counts_after": status["counts"], "leftover_leases": leftover,
            "orphan_sandboxes_after": orphans, "wall_s": wall,
            "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}}
@@ -348,7 +359,7 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=2)
-    ok = (res["lost"] == 0 and res["completed"] == a.episodes and not orphans and not leftover
+    ok = (res["lost"] == 0 and inj.error is None and res["completed"] == a.episodes and not orphans and not leftover
           and not checks["faults_unaccounted"] and not checks["replacements_without_a_known_cause"]
           and not res.get("rewards_not_1"))
     sys.exit(0 if ok else 1)

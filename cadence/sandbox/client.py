@@ -6,8 +6,8 @@
 
 Given several service URLs, a new sandbox goes to the one with the fewest live sandboxes (its
 /v1/health), skipping services that do not answer. Retried: anything whose request never reached
-the service (connect errors), and idempotent reads and stops on 502/503/504 or a dropped
-connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
+the service (connection refused: for up to CONNECT_WAIT_S, so a restarting service is waited
+for), and idempotent reads and stops on 502/503/504 or a dropped connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from cadence.sandbox.pool import SandboxInfo
 DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_TOKEN_FILE = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox", "token")
 RETRIES = 3
+CONNECT_WAIT_S = 10.0  # a refused connection is retried this long: a restarting service comes back
 
 
 def resolve(url: str | list[str] | None, token: str | None) -> tuple[list[str], str]:
@@ -81,22 +82,23 @@ class Sandbox:
         self.url: str | None = None
         self.id: str | None = None
 
-    def _req(self, method: str, url: str, **kw) -> httpx.Response:
-        for attempt in range(RETRIES + 1):
+    def _req(self, method: str, url: str, connect_wait_s: float = CONNECT_WAIT_S, **kw) -> httpx.Response:
+        deadline, attempt = time.monotonic() + connect_wait_s, 0
+        while True:
             try:
                 resp = self.http.request(method, url, **kw)
-            except httpx.ConnectError:
-                if attempt == RETRIES:
+            except httpx.ConnectError:  # nothing reached the service: always safe to retry
+                if time.monotonic() > deadline:
                     raise
             except httpx.TransportError:
-                if method not in SAFE or attempt == RETRIES:
+                if method not in SAFE or attempt >= RETRIES:
                     raise
             else:
-                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt == RETRIES:
+                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt >= RETRIES:
                     _raise_for(resp)
                     return resp
-            time.sleep(0.05 * 2 ** attempt)
-        raise AssertionError("unreachable")
+            time.sleep(min(0.05 * 2 ** attempt, 1.0))
+            attempt += 1
 
     def _pick(self) -> list[str]:
         if len(self.urls) == 1:
@@ -104,7 +106,7 @@ class Sandbox:
         load = {}
         for u in self.urls:
             try:
-                load[u] = sum(self._req("GET", f"{u}/v1/health").json()["counts"].values())
+                load[u] = sum(self._req("GET", f"{u}/v1/health", connect_wait_s=0).json()["counts"].values())
             except (httpx.HTTPError, SandboxError):
                 continue
         return sorted(load, key=load.get) or self.urls
@@ -114,7 +116,8 @@ class Sandbox:
         err: Exception | None = None
         for u in self._pick():
             try:
-                info = SandboxInfo(**self._req("POST", f"{u}/v1/sandboxes", json=body).json())
+                wait = CONNECT_WAIT_S if len(self.urls) == 1 else 0.0  # else try the next service
+                info = SandboxInfo(**self._req("POST", f"{u}/v1/sandboxes", wait, json=body).json())
             except (httpx.ConnectError, ServiceBusy) as e:  # down, or full: try the next service
                 err = e
                 continue
@@ -177,22 +180,23 @@ class AsyncSandbox:
         self.url: str | None = None
         self.id: str | None = None
 
-    async def _req(self, method: str, url: str, **kw) -> httpx.Response:
-        for attempt in range(RETRIES + 1):
+    async def _req(self, method: str, url: str, connect_wait_s: float = CONNECT_WAIT_S, **kw) -> httpx.Response:
+        deadline, attempt = time.monotonic() + connect_wait_s, 0
+        while True:
             try:
                 resp = await self.http.request(method, url, **kw)
             except httpx.ConnectError:
-                if attempt == RETRIES:
+                if time.monotonic() > deadline:
                     raise
             except httpx.TransportError:
-                if method not in SAFE or attempt == RETRIES:
+                if method not in SAFE or attempt >= RETRIES:
                     raise
             else:
-                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt == RETRIES:
+                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt >= RETRIES:
                     _raise_for(resp)
                     return resp
-            await asyncio.sleep(0.05 * 2 ** attempt)
-        raise AssertionError("unreachable")
+            await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
+            attempt += 1
 
     async def _pick(self) -> list[str]:
         if len(self.urls) == 1:
@@ -200,7 +204,7 @@ class AsyncSandbox:
         load = {}
         for u in self.urls:
             try:
-                load[u] = sum((await self._req("GET", f"{u}/v1/health")).json()["counts"].values())
+                load[u] = sum((await self._req("GET", f"{u}/v1/health", connect_wait_s=0)).json()["counts"].values())
             except (httpx.HTTPError, SandboxError):
                 continue
         return sorted(load, key=load.get) or self.urls
@@ -210,7 +214,8 @@ class AsyncSandbox:
         err: Exception | None = None
         for u in await self._pick():
             try:
-                info = SandboxInfo(**(await self._req("POST", f"{u}/v1/sandboxes", json=body)).json())
+                wait = CONNECT_WAIT_S if len(self.urls) == 1 else 0.0
+                info = SandboxInfo(**(await self._req("POST", f"{u}/v1/sandboxes", wait, json=body)).json())
             except (httpx.ConnectError, ServiceBusy) as e:
                 err = e
                 continue

@@ -109,7 +109,9 @@ class LocalSandbox:
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         ).result()
         # Into its cgroup before the agent has its source, so before anything in it can fork.
-        self.cgroup = SandboxCgroup.create(self.id, self.limits.memory_mb << 20)
+        # Named per process, not per sandbox id: a replacement under the same id must never share
+        # a cgroup with its predecessor, whose removal kills what is inside.
+        self.cgroup = SandboxCgroup.create(f"{self.id}-{uuid.uuid4().hex[:8]}", self.limits.memory_mb << 20)
         if self.cgroup is not None:
             self.cgroup.add_tree(self.proc.pid)
         try:
@@ -160,9 +162,9 @@ class LocalSandbox:
             proc.wait()
             for f in (proc.stdin, proc.stdout):
                 f.close()
-        if self.cgroup is not None:
-            self.cgroup.remove()
-            self.cgroup = None
+        cgroup, self.cgroup = self.cgroup, None  # stop() may run twice at once (a call and a health check)
+        if cgroup is not None:
+            cgroup.remove()
         if getattr(self, "_err", None) is not None:
             self._err.close()
             self._err = None

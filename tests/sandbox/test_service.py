@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
+import time
 
 import httpx
 import pytest
@@ -151,3 +153,20 @@ def test_several_services_share_the_load(tmp_path):
         finally:
             for b in boxes:
                 b.close()
+
+
+def test_sdk_waits_for_a_restarting_service(tmp_path):
+    """A refused connection reached nothing: the SDK retries it (up to CONNECT_WAIT_S), so a call
+    made while the service restarts goes through once it is back."""
+    port, token, out = free_port(), "restart-token-0123456789abcdef0123", {}
+
+    def client() -> None:
+        with Sandbox(f"http://127.0.0.1:{port}", token) as sb:
+            out["stdout"] = sb.exec("echo up").stdout
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    time.sleep(0.5)  # the client is already being refused
+    with running_service(str(tmp_path), "--warm", "0", port=port, token=token):
+        thread.join(timeout=60)
+    assert out.get("stdout") == "up\n"
