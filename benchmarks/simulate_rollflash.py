@@ -186,9 +186,10 @@ def write_doc(results: dict) -> None:
     lines += [f"| {r['alpha']} | {r['samples_per_s']:.2f} | {r['of_best']:.2f} | {r['x_sync']:.2f}x | {r['staleness']:.2f} |"
               for r in by_name["alpha_2"]["detail"]["rows"]]
     lines += ["", "| GPUs | prompts/step | train GPUs (beta*) | sync samples/s | async samples/s | sync x 8 GPUs | "
-              "async x 8 GPUs | async / sync |", "|---|---|---|---|---|---|---|---|"]
+              "async x 8 GPUs | async / sync | CPU s to simulate (sync / async) |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['gpus']} | {r['prompts_per_step']} | {r['train_gpus']} | {r['sync_samples_per_s']:.2f} | "
-              f"{r['async_samples_per_s']:.2f} | {r['sync_scale']:.2f}x | {r['async_scale']:.2f}x | {r['async_over_sync']:.2f}x |"
+              f"{r['async_samples_per_s']:.2f} | {r['sync_scale']:.2f}x | {r['async_scale']:.2f}x | {r['async_over_sync']:.2f}x | "
+              f"{r.get('sync_cpu_s', float('nan')):.0f} / {r.get('async_cpu_s', float('nan')):.0f} |"
               for r in results["curves"]["scaling"]]
     lines += ["", "| sigma (32 GPUs) | sync samples/s | async samples/s | async / sync |", "|---|---|---|---|"]
     lines += [f"| {r['sigma']} | {r['sync_samples_per_s']:.2f} | {r['async_samples_per_s']:.2f} | {r['async_over_sync']:.2f}x |"

@@ -18,6 +18,7 @@ replicas; the prompts of a step are shared out in proportion to replicas.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 from cadence.inference.mock import MockEngine
@@ -82,6 +83,7 @@ class SimResult:
     samples_per_s: float = 0.0
     tokens_per_s: float = 0.0
     step_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds the simulation took (not virtual time)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,6 +175,7 @@ class ClusterSim:
 
     # -- the run ---------------------------------------------------------------
     def run(self) -> SimResult:
+        began = time.process_time()
         for i in range(len(self.workers)):
             self.queue.at(0.0, lambda i=i: self._round(i))
         self.queue.run(until=lambda: len(self.records) >= self.total_steps)
@@ -180,7 +183,9 @@ class ClusterSim:
             raise RuntimeError(f"the simulation stalled after {len(self.records)} steps")
         for worker in self.workers:
             worker.rollout.close()
-        return self._result()
+        result = self._result()
+        result.cpu_s = time.process_time() - began
+        return result
 
     def _result(self) -> SimResult:
         cfg, warm = self.cfg, self.cfg.run.warmup_steps

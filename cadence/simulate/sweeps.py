@@ -56,6 +56,8 @@ def compare(cfg: SimConfig, progress: Progress = _quiet) -> dict:
         "async_staleness": _staleness(asy),
         "sync_engine_busy": sync.engine_busy_fraction,
         "async_engine_busy": asy.engine_busy_fraction,
+        "sync_cpu_s": sync.cpu_s,
+        "async_cpu_s": asy.cpu_s,
     }
 
 
