@@ -90,6 +90,7 @@ def test_live_run_failed_run_and_samples(browser, shots, tmp_path: Path) -> None
             page.wait_for_selector("#timeline .main-svg", timeout=30_000)
             page.wait_for_function("() => document.getElementById('timeline').data.length >= 2", timeout=30_000)
             shots(page, "5-pipeline")
+            page.close()  # ends its event stream before the server stops
     finally:
         for proc in (live, bad):
             if proc is not None and proc.poll() is None:
@@ -122,4 +123,5 @@ def test_killed_sandbox_restart_shows(browser, shots, tmp_path: Path) -> None:
                                    timeout=30_000)
             assert "dead" in page.inner_text(".card .fail")  # the failure, with its reason
             shots(page, "7-sandbox-restarted")
+            page.close()
         service.close()
