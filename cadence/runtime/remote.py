@@ -22,9 +22,12 @@ class _Host:
         return getattr(self.obj, method)(*args)
 
 
-def remote_object(make: Callable[[], Any], cpus: float) -> Callable[..., Any]:
-    """Start an actor with `cpus` CPUs holding `make()`; returns call(method, *args) -> result."""
+def remote_object(
+    make: Callable[[], Any], cpus: float, resources: dict[str, float] | None = None
+) -> Callable[..., Any]:
+    """Start an actor with `cpus` CPUs (and custom Ray `resources`, to pin it to nodes) holding
+    `make()`; returns call(method, *args) -> result."""
     import ray
 
-    actor = ray.remote(_Host).options(num_cpus=cpus).remote(make)
+    actor = ray.remote(_Host).options(num_cpus=cpus, resources=resources or None).remote(make)
     return lambda method, *args: ray.get(actor.call.remote(method, *args))

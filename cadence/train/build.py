@@ -28,14 +28,16 @@ def build_trainer(
     critics = None
     if cfg.runtime.critic_actor:
         critics = RemoteCritics(
-            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus
+            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus,
+            cfg.runtime.critic_resources,
         )
     elif cfg.algorithm.uses_critics:
         critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
     credit = None
     if cfg.runtime.credit_actor:
         credit = RemoteCredit(
-            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus
+            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus,
+            cfg.runtime.critic_resources,
         )
     elif cfg.algorithm.credit != "none":
         credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)

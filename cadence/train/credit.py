@@ -95,6 +95,7 @@ class RemoteCredit:
         cfg: RhythmConfig,
         pad_id: int,
         cpus: float,
+        resources: dict[str, float] | None = None,
     ) -> None:
         from cadence.models.loading import load_policy
 
@@ -102,7 +103,7 @@ class RemoteCredit:
             torch.set_num_threads(max(1, int(cpus)))
             return AttentionCredit(load_policy(policy_path), credit, cfg, pad_id)
 
-        self._call = remote_object(make, cpus)
+        self._call = remote_object(make, cpus, resources)
         self.last_seconds = 0.0
         self.sync(policy, 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
 

@@ -129,14 +129,17 @@ class RemoteCritics:
     backward passes run on the actor's own CPUs (or GPU).
     """
 
-    def __init__(self, cfg: CriticConfig, policy_path: str, seed: int, micro_batch_size: int, cpus: float) -> None:
+    def __init__(
+        self, cfg: CriticConfig, policy_path: str, seed: int, micro_batch_size: int, cpus: float,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         from cadence.models.loading import load_policy
 
         def make() -> CriticEnsemble:  # built inside the actor process, where it lives
             torch.set_num_threads(max(1, int(cpus)))
             return CriticEnsemble(cfg, load_policy(policy_path), policy_path, seed, micro_batch_size)
 
-        self._call = remote_object(make, cpus)
+        self._call = remote_object(make, cpus, resources)
         self.num_critics = cfg.num_critics
 
     def values(self, batch: TrainBatch) -> Tensor:
