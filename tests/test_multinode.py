@@ -75,6 +75,22 @@ def _actor_nodes(class_name: str) -> list[str]:
 
 
 @pytest.mark.slow
+def test_critic_style_actor_is_pinned_by_its_custom_resource(cluster):
+    import gc
+
+    import ray
+
+    from cadence.runtime.remote import remote_object
+
+    pinned = {n.node_id for n in cluster.worker_nodes}  # the nodes started with rollout_node
+    # The object the actor holds is its own runtime context: it says which node the actor is on.
+    call = remote_object(ray.get_runtime_context, 0.5, {"rollout_node": 0.5})
+    assert call("get_node_id") in pinned and call("get_node_id") != ray.get_runtime_context().get_node_id()
+    del call
+    gc.collect()  # the last handle gone: Ray ends the actor and frees its resources
+
+
+@pytest.mark.slow
 def test_unfittable_request_fails_before_training(cluster, tmp_path):
     from cadence.recipes.train_rlvr import train
 
