@@ -40,6 +40,32 @@ def curve(records: list[dict]) -> list[dict]:
     return points
 
 
+def first_move_probe(model_path: str = "builtin:frozenlake", maps: int = 200) -> dict:
+    """Does the model read the holes? On held-out maps where the expert's first move differs
+    from the hole-blind habit's, the probability it gives the expert's move (the warm-up's
+    demonstrations chose it 40% of the time there)."""
+    import torch
+
+    from cadence.envs.expert import hole_blind_action
+    from cadence.envs.frozenlake import FrozenLakeEnv
+    from cadence.models.loading import load_policy, load_tokenizer
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_policy(model_path).eval(), load_tokenizer(model_path)
+    env, probs = FrozenLakeEnv(rules=False), []
+    for i in range(maps):
+        observation, _ = env.reset(10**9 + i)  # the held-out seeds
+        expert = env.expert_action()
+        if expert == hole_blind_action(env):
+            continue
+        with torch.no_grad():
+            logits = model(tokenizer(observation + "\n", return_tensors="pt").input_ids).logits[0, -1]
+        probs.append(logits.softmax(-1)[tokenizer.convert_tokens_to_ids(expert[0])].item())
+    return {"maps": maps, "maps_where_habit_differs": len(probs),
+            "mean_p_expert_first_move": round(sum(probs) / len(probs), 3),
+            "min": round(min(probs), 3), "max": round(max(probs), 3)}
+
+
 def plot(points: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -81,6 +107,7 @@ def main(overrides: list[str]) -> None:
         "command_wall_seconds": round(wall, 1),
         "curve": points,
         "reward_mean_per_step": [[r["step"], round(r["reward/mean"], 4)] for r in records if r["step"] > 0],
+        "warm_up_probe": first_move_probe(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
