@@ -186,3 +186,23 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
     closed, open_now, counts = asyncio.run(scenario())
     assert closed == 2 and open_now == ([2], True, 4) and counts["groups_stale"] == 2
     assert counts["groups_dropped"] == 0  # stale is not "out of retries"
+
+
+def test_the_episode_worker_runs_lockstep_with_extra_groups_from_config():
+    from cadence.config import load_config
+    from cadence.rollout.episode_worker import EpisodeWorker
+
+    cfg = load_config(None, [
+        "env.name=python:tests/agentic_envs.py:Parity", "env.action_tag=null", "env.max_turns=2",
+        "rollout.env_mode=lockstep", "rollout.extra_groups=2", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=3", "rollout.engine.backend=mock",
+        "rollout.engine.mock.vocab_size=256", "rollout.engine.mock.median_tokens=3",
+    ])
+    worker = EpisodeWorker(cfg)
+    try:
+        assert isinstance(worker.rollout, LockstepRollout) and worker.rollout.batch_groups == 2
+        assert worker._allowed_groups() == 2 + 2  # (swaps + alpha + 1) x quota + extra_groups
+        batch = worker.get_batch(0, timeout=60)
+        assert len(batch) == 2 and all(len(g.samples) == 2 for g in batch)
+    finally:
+        worker.close()
