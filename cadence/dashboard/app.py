@@ -9,6 +9,8 @@ server-sent-event stream that pushes what changed, and the static page.
     GET /api/runs/{run}/timeline?last_s=   pipeline spans per actor, staleness histogram, alpha
     GET /api/runs/{run}/samples            the newest logged groups
     GET /api/runs/{run}/samples/{step}/{group}   one group's samples, turn by turn, token by token
+    GET /api/runs/{run}/rhythm/{step}/{group}/{index}   WAAD, FAI and gamma per token of one sample
+                                           (algorithm.credit=local|global|coupled runs; latest checkpoint)
     GET /api/sandboxes                     each sandbox service's sandboxes, failures and events
     GET /api/stream?run=R&rows=N&gen=G     SSE: `runs`, and for run R: `rows` (metric rows past N),
                                            `reset`, `timeline`, `samples`; `sandboxes` when given
@@ -26,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
+from cadence.dashboard.rhythm import RhythmReader
 from cadence.dashboard.runs import RunIndex, RunReader
 from cadence.dashboard.sandboxes import SandboxService
 
@@ -44,6 +47,7 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
                poll_s: float = 1.0) -> FastAPI:
     index = RunIndex(Path(runs_dir))
     services = sandboxes or []
+    rhythm = RhythmReader()
     app = FastAPI(title="cadence dashboard", docs_url=None, redoc_url=None, openapi_url=None)
 
     if token:
@@ -122,6 +126,16 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
         if not found:
             raise HTTPException(404, f"step {step} group {group_id} is not in the sample log (any more)")
         return found
+
+    @app.get("/api/runs/{name}/rhythm/{step}/{group_id}/{index}")
+    async def sample_rhythm(name: str, step: int, group_id: int, index: int) -> dict[str, Any]:
+        found = await group(name, step, group_id)
+        if not 0 <= index < len(found):
+            raise HTTPException(404, f"step {step} group {group_id} has no sample {index}")
+        try:
+            return await asyncio.to_thread(rhythm.sample, reader(name).dir, found[index])
+        except ValueError as err:
+            raise HTTPException(400, str(err)) from None
 
     @app.get("/api/sandboxes")
     async def sandbox_view() -> list[dict[str, Any]]:

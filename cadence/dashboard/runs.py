@@ -286,6 +286,7 @@ class RunIndex:
             "task": (cfg.get("task") or {}).get("name"),
             "env": (cfg.get("env") or {}).get("name") if cfg.get("env") else None,
             "algorithm": (cfg.get("algorithm") or {}).get("name"),
+            "credit": (cfg.get("algorithm") or {}).get("credit"),
             "reward": last.get("reward/mean"),
             "pass_before": before.get("pass_at_1"),
             "pass_after": after.get("pass_at_1"),

@@ -104,3 +104,35 @@ def test_dashboard_beside_a_run_serves_and_stops(runs_root: Path, capsys) -> Non
     finally:
         beside.stop()
     assert beside.proc.poll() is not None
+
+
+def test_rhythm_of_an_episode_sample(runs_root: Path) -> None:
+    """WAAD, FAI and gamma per token of one logged episode, with the run's model; observation
+    tokens (loss mask 0) get no credit, and a run without rhythm credit says so."""
+    from cadence.observe.sample_log import SampleLog
+    from cadence.rollout.sample import Group, Sample
+    from tests.dashboard.conftest import CharTokenizer
+
+    run = runs_root / "rhythm"
+    run.mkdir()
+    (run / "config.yaml").write_text("model:\n  path: builtin\nalgorithm:\n  name: grpo\n  credit: coupled\n"
+                                     "  rhythm:\n    fai_min: 2\n")
+    model, observation = "x = 3 + 4, so x is 7 and 7 + 1 is 8", "\ntry again\n"
+    response = [ord(c) for c in model + observation + model]
+    mask = [1] * len(model) + [0] * len(observation) + [1] * len(model)
+    sample = Sample(prompt_id="p", group_id=0, prompt_ids=[ord(c) for c in "What is 3 + 4 + 1?"],
+                    response_ids=response, behaviour_logprobs=[-0.5] * len(response), reward=1.0, version=0,
+                    finish_reason="stop", loss_mask=mask)
+    log = SampleLog(run, CharTokenizer(), every=1)
+    log.log(1, 0, [Group(group_id=0, prompt_id="p", samples=[sample])])
+    log.close()
+    client = TestClient(create_app(runs_root))
+    got = client.get("/api/runs/rhythm/rhythm/1/0/0").json()
+    assert got["credit"] == "coupled" and got["checkpoint"] == "builtin"
+    assert len(got["waad"]) == len(got["fai"]) == len(got["gamma"]) == len(response)
+    assert max(got["fai"]) > 0 and max(got["waad"]) > 0
+    observed = [i for i, m in enumerate(mask) if not m]
+    assert all(got["gamma"][i] == 1.0 and not got["credited"][i] for i in observed)
+    assert any(got["credited"])  # some of the model's tokens got more (or less) than the plain advantage
+    assert client.get("/api/runs/rhythm/rhythm/1/0/5").status_code == 404
+    assert "credit=none" in client.get("/api/runs/done/rhythm/5/5/0").json()["detail"]

@@ -21,6 +21,7 @@ from cadence.sandbox.client import Sandbox
 from cadence.sandbox.testing import running_service
 from tests.dashboard.serving import serving
 from tests.quick_run import QUICK_RUN
+from tests.test_agentic_train import QUICK_AGENT
 
 pytestmark = pytest.mark.slow
 # Generous: a loaded 2-core machine takes tens of seconds to import torch and load a model.
@@ -99,6 +100,36 @@ def test_live_run_failed_run_and_samples(browser, shots, tmp_path: Path) -> None
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+def test_agentic_episode_opens_turn_by_turn(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    agentic = start_run(root, "agentic", *QUICK_AGENT[len(QUICK_RUN):], "algorithm.credit=coupled",
+                        "algorithm.rhythm.fai_min=2")
+    assert agentic.wait(timeout=WAIT_MS / 1000) == 0
+    with serving(create_app(root, poll_s=0.5)) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url + "/#/run/agentic")
+        page.click('#tabs button[data-tab="samples"]')
+        page.click("#groups .item >> nth=0", timeout=30_000)
+        page.wait_for_selector("#group .sample .turn.env", timeout=30_000)
+        episode = page.locator("#group .sample >> nth=0")
+        # model turn, the environment's observation, model turn: only the model's tokens carry loss
+        assert [t.get_attribute("class") for t in episode.locator(".turn").all()] == [
+            "turn model", "turn env", "turn model"]
+        assert episode.locator(".turn.env .tok").count() >= 1 and episode.locator(".turn.env .tok.loss").count() == 0
+        assert episode.locator(".turn.model .tok.loss").count() >= 2
+        assert "again" in episode.locator(".turn.env").inner_text()  # what Parity answered
+        assert "reward" in episode.locator(".meta").inner_text()
+        shots(page, "8-agentic-episode")
+        episode.locator(".rhythm-btn").click()  # the WAAD / FAI picture of this episode
+        page.wait_for_function("() => document.querySelector('#group .rhythm-plot')?.data?.length === 3",
+                               timeout=WAIT_MS)
+        assert episode.locator(".rhythm-tokens .tok").count() == episode.locator(".turn.model .tok, .turn.env .tok").count()
+        assert episode.locator(".rhythm-tokens .tok.credited").count() >= 1
+        shots(page, "9-agentic-rhythm")
+        page.close()
 
 
 def test_killed_sandbox_restart_shows(browser, shots, tmp_path: Path) -> None:

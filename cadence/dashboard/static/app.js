@@ -45,6 +45,7 @@ $("runs-table").addEventListener("click", (e) => {
 
 function showStatus(r) {
   const el = $("run-state");
+  state.credit = r.credit;
   if (el.textContent !== r.state) { el.textContent = r.state; el.className = "state " + r.state; if (r.state !== "running") loadDetails(); }
   $("run-step").textContent = `step ${r.step}${r.steps ? " of " + r.steps : ""}`;
 }
@@ -146,15 +147,44 @@ async function loadGroups() {
 $("groups").addEventListener("click", async (e) => {
   const it = e.target.closest(".item"); if (!it) return;
   document.querySelectorAll("#groups .item").forEach((x) => x.classList.toggle("sel", x === it));
+  state.group = { step: it.dataset.step, group: it.dataset.group };  // the list may redraw; this stays
   const samples = await api(`/api/runs/${encodeURIComponent(state.run)}/samples/${it.dataset.step}/${it.dataset.group}`);
   $("group").innerHTML = `<div class="card"><b>prompt</b><div class="prompt">${esc(samples[0].prompt)}</div></div>` +
     samples.map((s) => `<div class="sample"><div class="meta">#${s.index} · reward <b>${fmt(s.reward)}</b> · version ${s.version}` +
       `${s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${esc(s.finish_reason)}` +
       `${s.reward_error ? ` · <span class="fail">${esc(s.reward_error)}</span>` : ""}</div>` +
-      s.turns.map((t) => `<div class="turn ${t.role}">` + (t.role === "env" ? esc(t.tokens.join("")) :
-        t.tokens.map((tok, i) => `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("")) + "</div>").join("") +
+      s.turns.map((t) => `<div class="turn ${t.role}">` + t.tokens.map((tok, i) => t.role === "env" ? `<span class="tok" title="observation: no loss">${esc(tok)}</span>` :
+        `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("") + "</div>").join("") +
       "</div>").join("") +
     `<p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`;
+  if (["local", "global", "coupled"].includes(state.credit)) {
+    $("group").querySelectorAll(".sample").forEach((el, i) => el.insertAdjacentHTML("beforeend",
+      `<button class="rhythm-btn" data-index="${samples[i].index}">WAAD / FAI</button><div class="rhythm"><div class="rhythm-plot"></div><div class="rhythm-tokens"></div></div>`));
+  }
+});
+// Attention rhythm of one sample (computed by the server with the run's latest checkpoint).
+$("group").addEventListener("click", async (e) => {
+  const btn = e.target.closest(".rhythm-btn"); if (!btn) return;
+  const sel = state.group;
+  const plot = btn.nextElementSibling.firstElementChild, toks = plot.nextElementSibling;
+  toks.textContent = "reading attention maps…";
+  let r;
+  try { r = await api(`/api/runs/${encodeURIComponent(state.run)}/rhythm/${sel.step}/${sel.group}/${btn.dataset.index}`); }
+  catch (err) { toks.innerHTML = `<span class="fail">${esc(err.message)}</span>`; return; }
+  const x = r.tokens.map((t, i) => i);
+  const text = r.tokens.map((t) => JSON.stringify(t));
+  const credited = x.filter((i) => r.credited[i]);
+  await plotlyReady;
+  Plotly.newPlot(plot, [
+    { x, y: r.waad, text, name: "WAAD", mode: "lines", type: "scatter" },
+    { x, y: r.fai, text, name: "FAI", mode: "lines", type: "scatter", yaxis: "y2" },
+    { x: credited, y: credited.map((i) => r.gamma[i]), text: credited.map((i) => text[i]), name: "credit (gamma)",
+      mode: "markers", type: "scatter", yaxis: "y3", marker: { color: "#e8743b" } },
+  ], { ...LAYOUT, height: 300, title: { text: `${r.credit} credit · ${r.checkpoint}`, font: { size: 12 } },
+       xaxis: { title: { text: "response token", standoff: 2 } }, yaxis: { title: { text: "WAAD" } },
+       yaxis2: { overlaying: "y", side: "right", title: { text: "FAI" } },
+       yaxis3: { overlaying: "y", side: "right", anchor: "free", position: 0.97, showticklabels: false } }, CONFIG);
+  toks.innerHTML = `<div class="turn">${r.tokens.map((t, i) => `<span class="tok${r.credited[i] ? " credited" : ""}" title="gamma ${fmt(r.gamma[i])} · WAAD ${fmt(r.waad[i])} · FAI ${fmt(r.fai[i])}">${esc(t)}</span>`).join("")}</div>`;
 });
 
 // ---- sandboxes ------------------------------------------------------------------------------
