@@ -62,6 +62,12 @@ def test_sync_resume_after_sigkill_is_bit_identical(tmp_path):
     for ra, rb in zip(a, b, strict=True):
         for key in COMPARED:
             assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
+    # The dashboard's files are cut back too: each step's samples and staleness appear once.
+    steps_a = [json.loads(x)["step"] for x in (whole / "samples.jsonl").read_text().splitlines()]
+    steps_b = [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert steps_b == steps_a and sorted(set(steps_a)) == list(range(1, 7))
+    staleness = [json.loads(x) for x in (run / "events" / "trainer.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in staleness if e.get("kind") == "staleness"] == list(range(1, 7))
     wa = load_file(whole / "checkpoints" / "step_6" / "model.safetensors")
     wb = load_file(run / "checkpoints" / "step_6" / "model.safetensors")
     assert wa.keys() == wb.keys()

@@ -58,6 +58,23 @@ class EventWriter:
             self._file.close()
 
 
+def cut_back(path: Path, last_step: int) -> None:
+    """Drop the per-step records (not the spans) a killed run wrote after its checkpoint's step:
+    the resumed run writes them again, and a dashboard must not count a step twice. The spans
+    stay: that time was really spent, and the timeline shows it."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the kill
+        if "kind" not in record or record.get("step", 0) <= last_step:
+            kept.append(line)
+    path.write_text("".join(k + "\n" for k in kept))
+
+
 class Timeline:
     """The states one actor passes through, written as spans. A Timeline given no run folder
     (events switched off), or one that does not exist (a worker built outside a run, as in
@@ -85,6 +102,12 @@ class Timeline:
         """Any other event of this actor (e.g. a step's staleness histogram)."""
         if self.writer is not None:
             self.writer.write({"actor": self.actor, "t": time.time(), **fields})
+
+    def flush(self) -> None:
+        """Write what the buffer holds now (before a checkpoint: a kill after it loses nothing
+        the resumed run will not redo)."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def _end(self, now: float) -> None:
         if self._state is not None:

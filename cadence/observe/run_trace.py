@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import LoggingConfig
-from cadence.observe.events import Timeline
+from cadence.observe.events import EVENTS_DIR, Timeline, cut_back
 from cadence.observe.run_status import RunStatus
 from cadence.observe.sample_log import SampleLog
 from cadence.rollout.sample import Group
 
 
 class RunTrace:
-    def __init__(self, run_dir: Path, cfg: LoggingConfig, tokenizer: Any, alpha: int, status: RunStatus) -> None:
+    def __init__(
+        self, run_dir: Path, cfg: LoggingConfig, tokenizer: Any, alpha: int, status: RunStatus, resume_step: int = 0
+    ) -> None:
+        """`resume_step`: the checkpoint a resumed run starts from; what a killed run logged after it goes."""
+        cut_back(run_dir / EVENTS_DIR / "trainer.jsonl", resume_step)
         self.timeline = Timeline(run_dir if cfg.events else None, "trainer")
-        self.samples = SampleLog(run_dir, tokenizer, cfg.samples_every, cfg.samples_groups, cfg.samples_max)
+        self.samples = SampleLog(run_dir, tokenizer, cfg.samples_every, cfg.samples_groups, cfg.samples_max, resume_step)
         self.alpha = alpha
         self.status = status
 
@@ -43,6 +47,8 @@ class RunTrace:
     def phase(self, name: str, step: int) -> None:
         """Anything else the loop does (evaluating, checkpointing, logging)."""
         self.timeline.enter(name, step)
+        if name == "checkpointing":
+            self.timeline.flush()
 
     def stepped(self, step: int) -> None:
         self.status.beat(step)

@@ -7,7 +7,8 @@ environment appended between turns), the engine's log-probs, reward and the
 policy versions that started and finished it. The file is bounded: past
 `max_lines` lines it becomes `samples.1.jsonl` (replacing the previous one)
 and a new file starts, so a long run keeps between max_lines and 2 x max_lines
-recent samples. Lines carry `prompt_ids`/`response_ids`, so
+recent samples. On resume both files are cut back to the checkpoint's step, as
+metrics.jsonl is, so the steps a killed run redoes are not logged twice. Lines carry `prompt_ids`/`response_ids`, so
 `cadence rhythm CKPT --from-rollout runs/X/samples.jsonl --index i` plots any of them.
 """
 
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cadence.observe.metrics import truncate_jsonl
 from cadence.rollout.sample import Group, Sample
 
 SAMPLES_FILE = "samples.jsonl"
@@ -25,8 +27,12 @@ OLD_SAMPLES_FILE = "samples.1.jsonl"
 
 
 class SampleLog:
-    def __init__(self, run_dir: Path, tokenizer: Any, every: int, groups: int = 1, max_lines: int = 5000) -> None:
+    def __init__(
+        self, run_dir: Path, tokenizer: Any, every: int, groups: int = 1, max_lines: int = 5000, resume_step: int = 0
+    ) -> None:
         self.path = run_dir / SAMPLES_FILE
+        for path in (self.path, run_dir / OLD_SAMPLES_FILE):
+            truncate_jsonl(path, resume_step)
         self.tokenizer = tokenizer
         self.every, self.groups, self.max_lines = every, groups, max_lines
         self._lines = _count_lines(self.path)

@@ -148,3 +148,25 @@ def test_index_lists_runs_without_parsing_metrics(runs_root: Path) -> None:
     assert rows["live"]["state"] == "running" and rows["live"]["reward"] == 1.0
     index = RunIndex(runs_root)
     assert index.reader("../etc") is None and index.reader("not-a-run") is None
+
+
+def test_resume_cuts_samples_and_step_records_back_to_the_checkpoint(tmp_path):
+    """A killed run logged steps 1-3 but checkpointed at 2: the resumed run redoes step 3, so the
+    old step-3 samples and staleness record go, and the spans (real time spent) stay."""
+    import json
+
+    from cadence.observe.events import cut_back
+    from cadence.observe.sample_log import OLD_SAMPLES_FILE, SAMPLES_FILE, SampleLog
+
+    (tmp_path / SAMPLES_FILE).write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 3, "to')
+    (tmp_path / OLD_SAMPLES_FILE).write_text(json.dumps({"step": 1}) + "\n")
+    SampleLog(tmp_path, tokenizer=None, every=1, resume_step=2).close()
+    assert [json.loads(x)["step"] for x in (tmp_path / SAMPLES_FILE).read_text().splitlines()] == [1, 2]
+    assert (tmp_path / OLD_SAMPLES_FILE).read_text().count("\n") == 1
+
+    trainer = tmp_path / "trainer.jsonl"
+    records = [{"kind": "staleness", "step": 2}, {"state": "training", "step": 3, "t0": 0, "t1": 1},
+               {"kind": "staleness", "step": 3}]
+    trainer.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cut_back(trainer, 2)
+    assert [json.loads(x) for x in trainer.read_text().splitlines()] == records[:2]
