@@ -154,7 +154,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     )
     if eval_before is not None and start_step == 0:
         logger.log(0, eval_before.as_metrics())  # step 0: the policy before any update
-    trace = RunTrace(run_dir, cfg.logging, tokenizer, cfg.rollout.async_ratio, progress["status"])
+    trace = RunTrace(run_dir, cfg.logging, tokenizer, cfg.rollout.async_ratio, progress["status"], start_step)
     workers.start()
     began = time.perf_counter()
     eval_seconds = 0.0  # held-out evaluation inside the loop: not training time
