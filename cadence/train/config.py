@@ -1,0 +1,49 @@
+"""`TrainerConfig` and `CheckpointConfig`: the optimizer, its batches and how often a run is saved."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    steps: int = Field(200, gt=0, description="Training steps (one rollout batch each).")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    micro_batch_size: int = Field(64, gt=0, description="Most sequences per forward/backward.")
+    micro_batch_tokens: int | None = Field(
+        2048,
+        gt=0,
+        description="Token budget per forward/backward (rows x longest row); rows are grouped by "
+        "length so long-tailed batches pad little. Raise it on a GPU; null: micro_batch_size rows each.",
+    )
+    mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (PPO-style).")
+    epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR decay after warm-up.")
+    recompute_old_logprobs: Literal["auto", "always"] = Field(
+        "auto", description="Recompute pi_old with a no-grad pass; 'auto' only when a batch gets "
+        "several updates (epochs or mini_batches > 1): with one update pi_old is the updating policy "
+        "itself, stale samples included (their behaviour log-probs come from the engine)."
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With runtime.trainer_workers > 1: 'ddp' keeps a whole policy on every rank and "
+        "all-reduces gradients; 'fsdp' shards weights, gradients and optimizer state over the ranks "
+        "(FSDP2 fully_shard per decoder layer, then the whole model)."
+    )
+    cpu_offload: bool = Field(
+        False, description="trainer.strategy=fsdp: keep the sharded weights and optimizer state in CPU memory "
+        "between uses (saves accelerator memory; no effect on a CPU-only run)."
+    )
+
+
+class CheckpointConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    every: int = Field(50, ge=0, description="Save every N steps (0 = only at the end).")
+    keep: int = Field(2, gt=0, description="Checkpoints kept on disk (oldest removed first).")
