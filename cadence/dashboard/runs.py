@@ -196,15 +196,19 @@ class RunReader:
 
 def turns(sample: dict[str, Any]) -> list[dict[str, Any]]:
     """A response cut where its loss mask changes: the model's turns (mask 1, they carried loss)
-    and what the environment appended between them (mask 0). RLVR samples are one turn."""
+    and what the environment appended between them (mask 0). RLVR samples are one turn. A model
+    turn of an episode that logged `turn_rewards` carries the reward the environment paid for it."""
     out: list[dict[str, Any]] = []
-    for tok, m, lp in zip(sample["tokens"], sample["loss_mask"], sample.get("logprobs") or [None] * len(sample["tokens"]),
-                          strict=False):
+    paid = {i: r for i, r in sample.get("turn_rewards") or []}
+    for i, (tok, m, lp) in enumerate(zip(sample["tokens"], sample["loss_mask"],
+                                         sample.get("logprobs") or [None] * len(sample["tokens"]), strict=False)):
         role = "model" if m else "env"
         if not out or out[-1]["role"] != role:
             out.append({"role": role, "tokens": [], "logprobs": []})
         out[-1]["tokens"].append(tok)
         out[-1]["logprobs"].append(lp)
+        if i in paid:
+            out[-1]["reward"] = paid[i]
     return out
 
 

@@ -74,6 +74,8 @@ class SampleLog:
             "tokens": [self.tokenizer.decode([t]) for t in s.response_ids],
             "loss_mask": mask,
             "logprobs": [round(x, 4) for x in s.behaviour_logprobs],
+            # Multi-turn episodes: (token index, reward) of each turn's end, where the turn was paid.
+            "turn_rewards": [[i, r] for i, r in enumerate(s.token_rewards) if r] if s.token_rewards else None,
         }
 
     def _rotate(self) -> None:

@@ -24,7 +24,7 @@ def group(step: int, gid: int, rewards: list[float], version: int, mask: list[in
     response = [ord(c) for c in "ab\nc"] if mask else [ord(c) for c in "42"]
     samples = [Sample(prompt_id=f"p{gid}", group_id=gid, prompt_ids=[ord(c) for c in "1+1="], response_ids=response,
                       behaviour_logprobs=[-0.5] * len(response), reward=r, version=version, finish_reason="stop",
-                      loss_mask=mask) for r in rewards]
+                      loss_mask=mask, token_rewards=[0.0, r / 2, 0.0, r / 2] if mask else None) for r in rewards]
     return Group(group_id=gid, prompt_id=f"p{gid}", samples=samples)
 
 

@@ -136,7 +136,10 @@ def test_reader_timeline_samples_and_turns(runs_root: Path) -> None:
     samples = reader.group(3, 3)
     assert [s["reward"] for s in samples] == [1.0, 0.0]
     assert [(t["role"], "".join(t["tokens"])) for t in samples[0]["turns"]] == [("model", "ab"), ("env", "\n"), ("model", "c")]
+    assert [t.get("reward") for t in samples[0]["turns"]] == [0.5, None, 0.5]  # logged by SampleLog, read back
     assert turns({"tokens": ["4", "2"], "loss_mask": [1, 1]})[0]["tokens"] == ["4", "2"]
+    paid = turns({"tokens": list("ab\nc"), "loss_mask": [1, 1, 0, 1], "turn_rewards": [[1, 0.5], [3, 1.0]]})
+    assert [t.get("reward") for t in paid] == [0.5, None, 1.0]
 
 
 def test_index_lists_runs_without_parsing_metrics(runs_root: Path) -> None:

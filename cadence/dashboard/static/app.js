@@ -154,7 +154,8 @@ $("groups").addEventListener("click", async (e) => {
       `${s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${esc(s.finish_reason)}` +
       `${s.reward_error ? ` · <span class="fail">${esc(s.reward_error)}</span>` : ""}</div>` +
       s.turns.map((t) => `<div class="turn ${t.role}">` + t.tokens.map((tok, i) => t.role === "env" ? `<span class="tok" title="observation: no loss">${esc(tok)}</span>` :
-        `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("") + "</div>").join("") +
+        `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("") +
+        (t.reward !== undefined ? ` <span class="muted turn-reward">turn reward ${fmt(t.reward)}</span>` : "") + "</div>").join("") +
       "</div>").join("") +
     `<p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`;
   if (["local", "global", "coupled"].includes(state.credit)) {
