@@ -34,6 +34,8 @@ def run(
     cpu_s: Annotated[float, typer.Option(help="CPU seconds.")] = 30.0,
     wall_s: Annotated[float, typer.Option(help="Wall-clock seconds.")] = 30.0,
     python: Annotated[str | None, typer.Option(help="Interpreter inside the sandbox.")] = None,
+    python_packages: Annotated[str, typer.Option(
+        help="site: the interpreter's site-packages importable (read-only); none: standard library only.")] = "site",
     allow_unisolated: Annotated[bool, typer.Option(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
 ) -> None:
@@ -53,8 +55,11 @@ def run(
         _fail(f"sandbox run: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
     stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     try:
-        with LocalSandbox(limits, python=python, allow_unisolated=allow_unisolated) as sb:
+        with LocalSandbox(limits, python=python, allow_unisolated=allow_unisolated,
+                          python_packages=python_packages) as sb:
             r = sb.exec(cmd, stdin=stdin)
+    except ValueError as e:  # --python-packages
+        _fail(f"sandbox run: {e}")
     except SandboxError as e:
         _fail(f"sandbox run: {e}", 3 if isinstance(e, IsolationUnavailable) else 2)
     sys.stdout.write(r.stdout)
@@ -76,6 +81,9 @@ def serve(
     warm: Annotated[int, typer.Option(help="Ready spares kept warm.")] = 2,
     max_size: Annotated[int, typer.Option(help="Leased sandboxes at most.")] = 64,
     health_period_s: Annotated[float, typer.Option(help="Seconds between health checks.")] = 2.0,
+    python: Annotated[str | None, typer.Option(help="Interpreter inside the sandboxes (default: this one).")] = None,
+    python_packages: Annotated[str, typer.Option(
+        help="site: the interpreter's site-packages importable (read-only); none: standard library only.")] = "site",
     allow_unisolated: Annotated[bool, typer.Option(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
 ) -> None:
@@ -85,10 +93,13 @@ def serve(
     from cadence.sandbox import server
     from cadence.sandbox.pool import PoolConfig
 
-    server.serve(PoolConfig(warm=warm, max_size=max_size, health_period_s=health_period_s,
-                            allow_unisolated=allow_unisolated,
-                            events_path=events or os.path.join(server.DEFAULT_DIR, "events.db")),
-                 host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"))
+    try:
+        cfg = PoolConfig(warm=warm, max_size=max_size, health_period_s=health_period_s, python=python,
+                         python_packages=python_packages, allow_unisolated=allow_unisolated,
+                         events_path=events or os.path.join(server.DEFAULT_DIR, "events.db"))
+    except ValueError as e:
+        _fail(f"sandbox serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
+    server.serve(cfg, host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"))
 
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Service URL (default $CADENCE_SANDBOX_URL or http://127.0.0.1:8765).")]

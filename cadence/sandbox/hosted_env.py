@@ -2,42 +2,76 @@
 the API (ROCK does this for GEM environments), so a crashing or misbehaving environment is
 isolated and replaced like any sandbox.
 
-The environment is one self-contained Python file (its `source`) defining a class with the
-cadence environment contract (cadence.envs.contract: `reset(seed) -> (obs, info)`,
-`step(action) -> (obs, reward, terminated, truncated, info)`, optional `close()`). The service
-writes it into a sandbox and keeps the instance in the sandbox's Python session. If the
-environment crashes, hangs past `step_timeout_s` or its sandbox dies, the call answers 503
-(`EnvCrashed`) and the next `reset` starts it again from its source.
+The environment is any class with the cadence environment contract (cadence.envs.contract:
+`reset(seed) -> (obs, info)`, `step(action) -> (obs, reward, terminated, truncated, info)`,
+optional `close()`, sync or async), named like `env.name` (a built-in such as "frozenlake", or
+"python:pkg.module:Class" / "python:/path/file.py:Class") or given as one self-contained module's
+`source`. A name is resolved on the service's host, and only what it needs is shown to the
+sandbox, read-only under /opt/code: the one top-level package (for built-ins, the installed
+`cadence` package, not the checkout around it) or the one file; the interpreter's packages come
+with the sandbox's Python (python_packages="site"). The service keeps the instance in the
+sandbox's Python session. If the environment crashes, hangs past `step_timeout_s` or its sandbox
+dies, the call answers 503 (`EnvCrashed`) and the next `reset` makes it again.
 
-    env = HostedEnv(url, token, source=open("my_env.py").read(), class_name="MyEnv")
-    obs, info = env.reset(0); obs, reward, done, truncated, info = env.step("...")
+    env = HostedEnv(url, token, name="frozenlake", kwargs={"size": 4})
+    obs, info = env.reset(0); obs, reward, done, truncated, info = env.step("<answer>R</answer>")
     env.close()
+
+In a training config: env.name=python:cadence.sandbox.hosted_env:HostedEnv with env.kwargs.name,
+env.kwargs.kwargs and env.kwargs.url (the token from $CADENCE_SANDBOX_TOKEN or its file).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import threading
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cadence.sandbox.client import Sandbox
+from cadence.sandbox.isolation import CODE_ROOT, Mount
 from cadence.sandbox.models import ExecRequest, Limits, SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool
 
 MODULE = "cadence_hosted_env"
 RESULT = "/tmp/.cadence_env_result.json"
+PYTHON_PREFIX = "python:"
+# Defined once in the environment's Python session: async environments run on one event loop.
+RUN_HELPER = """
+def _run(result):
+    if not hasattr(result, "__await__"):
+        return result
+    global _loop
+    if "_loop" not in globals():
+        import asyncio
+        _loop = asyncio.new_event_loop()
+    return _loop.run_until_complete(result)
+"""
 
 
 class EnvSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    source: str = Field(description="Python source of one self-contained module")
-    class_name: str
+    source: str | None = Field(None, description="Python source of one self-contained module (with class_name)")
+    class_name: str | None = Field(None, description="the class in `source`")
+    name: str | None = Field(
+        None, description="an environment name as in env.name, resolved on the service's host: a "
+        "built-in (frozenlake, sokoban, ...) or python:pkg.module:Class / python:/path/file.py:Class; "
+        "only that package (or file) is shown to the sandbox, read-only")
     kwargs: dict[str, Any] = Field(default_factory=dict)
     step_timeout_s: float = Field(30.0, gt=0)
     limits: Limits | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EnvSpec:
+        if (self.source is None) == (self.name is None):
+            raise ValueError("give either source (with class_name) or name")
+        if self.source is not None and self.class_name is None:
+            raise ValueError("source needs class_name")
+        return self
 
 
 class ResetRequest(BaseModel):
@@ -56,6 +90,47 @@ class EnvCrashed(SandboxDied):
     """The environment's process died or hung; it is re-made from its source on the next reset."""
 
 
+def _identifiers(dotted: str) -> bool:
+    return all(part.isidentifier() for part in dotted.split("."))
+
+
+def _package_mount(module: str, where: str) -> Mount:
+    """The top-level package (or single-file module) `module` lives in, as a read-only mount
+    under CODE_ROOT: found on the host without importing anything of it."""
+    top = module.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        raise EnvError(f"{where}: no module {top!r} on the service's host")
+    if spec.submodule_search_locations:
+        return Mount(list(spec.submodule_search_locations)[0], f"{CODE_ROOT}/{top}")
+    if spec.origin is None or not spec.origin.endswith(".py"):
+        raise EnvError(f"{where}: {top!r} is not a Python source module or package")
+    return Mount(spec.origin, f"{CODE_ROOT}/{top}.py")
+
+
+def resolve_env(name: str) -> tuple[str | None, str, Mount]:
+    """An env name as (module or None for a file, class, the mount the sandbox needs)."""
+    from cadence.envs.registry import BUILTIN_ENVS
+
+    if name in BUILTIN_ENVS:
+        module, _, cls = BUILTIN_ENVS[name][0].partition(":")
+        return module, cls, _package_mount(module, f"environment {name!r}")
+    if not name.startswith(PYTHON_PREFIX):
+        raise EnvError(f"environment {name!r}: not a built-in ({', '.join(BUILTIN_ENVS)}) "
+                       "nor python:module:Class / python:/path/file.py:Class")
+    target, _, cls = name[len(PYTHON_PREFIX):].rpartition(":")
+    if not target or not cls.isidentifier():
+        raise EnvError(f"environment {name!r}: expected python:module:Class or python:/path/file.py:Class")
+    if target.endswith(".py") or "/" in target:
+        path = os.path.realpath(target)
+        if not path.endswith(".py") or not os.path.isfile(path):
+            raise EnvError(f"environment {name!r}: no Python file {path} on the service's host")
+        return None, cls, Mount(path, f"{CODE_ROOT}/user/{os.path.basename(path)}")
+    if not _identifiers(target):
+        raise EnvError(f"environment {name!r}: {target!r} is not a module path")
+    return target, cls, _package_mount(target, f"environment {name!r}")
+
+
 class EnvHost:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -64,9 +139,10 @@ class EnvHost:
         self._lock = threading.Lock()
 
     def make(self, spec: EnvSpec) -> str:
-        if not spec.class_name.isidentifier():
+        if spec.class_name is not None and not spec.class_name.isidentifier():
             raise EnvError(f"class_name: {spec.class_name!r} is not a Python identifier")
-        sid = self.pool.acquire(spec.limits).id
+        mounts = (resolve_env(spec.name)[2],) if spec.name is not None else ()
+        sid = self.pool.acquire(spec.limits, mounts=mounts).id
         with self._lock:
             self.specs[sid] = spec
         try:
@@ -76,21 +152,39 @@ class EnvHost:
             raise
         return sid
 
+    def _import_code(self, sid: str, spec: EnvSpec) -> tuple[str, str]:
+        """Code that binds `_mod` to the environment's module in the sandbox, and the class name."""
+        if spec.source is not None:
+            self.pool.write_file(sid, f"{MODULE}.py", spec.source.encode())
+            return f"sys.path.insert(0, '/workspace')\nimport {MODULE} as _mod", spec.class_name
+        module, cls, mount = resolve_env(spec.name)
+        # Unisolated (the rlimits-only fallback) there are no mounts: the host's own paths.
+        path = mount.inside if self.pool.get(sid).isolated else mount.host
+        if module is None:
+            return ("import importlib.util\n"
+                    f"_spec = importlib.util.spec_from_file_location({MODULE!r}, {path!r})\n"
+                    "_mod = importlib.util.module_from_spec(_spec)\n"
+                    f"sys.modules[{MODULE!r}] = _mod\n_spec.loader.exec_module(_mod)"), cls
+        return (f"sys.path.insert(0, {os.path.dirname(path)!r})\n"
+                f"import importlib\n_mod = importlib.import_module({module!r})"), cls
+
     def _make(self, sid: str) -> None:
         spec = self._spec(sid)
-        self.pool.write_file(sid, f"{MODULE}.py", spec.source.encode())
-        code = (f"import json, sys\nsys.path.insert(0, '/workspace')\nimport {MODULE}\n"
-                f"_env = {MODULE}.{spec.class_name}(**json.loads({json.dumps(spec.kwargs)!r}))")
+        what = spec.class_name or spec.name
+        imports, cls = self._import_code(sid, spec)
+        code = (f"import json, sys\n{RUN_HELPER}\n{imports}\n"
+                f"_env = _mod.{cls}(**json.loads({json.dumps(spec.kwargs)!r}))")
         r = self.pool.exec(sid, ExecRequest(code=code, session=True, timeout_s=spec.step_timeout_s))
         if not r.ok:
-            raise EnvError(f"making {spec.class_name} failed: {_last_line(r.stderr) or r.limit or r.exit_code}")
+            raise EnvError(f"making {what} failed: {_last_line(r.stderr) or r.limit or r.exit_code}")
         self.needs_make.discard(sid)
 
-    def _call(self, sid: str, expr: str) -> Any:
+    def _call(self, sid: str, statement: str) -> Any:
+        """Run `statement` (which sets `_r`) in the environment's session; `_r` as JSON."""
         spec = self._spec(sid)
         if sid in self.needs_make:
             self._make(sid)
-        code = (f"import json\n_r = {expr}\n"
+        code = (f"import json\n{statement}\n"
                 f"open({RESULT!r}, 'w').write(json.dumps(_r, default=repr))")
         try:
             r = self.pool.exec(sid, ExecRequest(code=code, session=True, timeout_s=spec.step_timeout_s))
@@ -108,18 +202,20 @@ class EnvHost:
     def reset(self, sid: str, seed: int) -> dict:
         if sid in self.needs_make:
             self._make(sid)
-        obs, info = self._call(sid, f"_env.reset({int(seed)})")
+        obs, info = self._call(sid, f"_o, _i = _run(_env.reset({int(seed)}))\n_r = [_o, _i]")
         return {"observation": obs, "info": info}
 
     def step(self, sid: str, action: str) -> dict:
-        obs, reward, terminated, truncated, info = self._call(sid, f"_env.step({action!r})")
+        # numpy scalars (np.bool_, np.float32) are not JSON: plain floats and bools cross.
+        obs, reward, terminated, truncated, info = self._call(
+            sid, f"_o, _w, _te, _tr, _i = _run(_env.step({action!r}))\n_r = [_o, float(_w), bool(_te), bool(_tr), _i]")
         return {"observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated,
                 "info": info}
 
     def close(self, sid: str) -> None:
         try:
             if sid not in self.needs_make:
-                self._call(sid, "_env.close() if hasattr(_env, 'close') else None")
+                self._call(sid, "_r = _run(_env.close()) if hasattr(_env, 'close') else None")
         except SandboxError:
             pass  # closing a broken environment: its sandbox goes anyway
         finally:
@@ -164,12 +260,20 @@ class HostedEnv(Sandbox):
     """A text environment that runs on a sandbox service (it satisfies the environment contract,
     so the agentic pipeline's runner can drive it like a local one)."""
 
-    def __init__(self, url: str | list[str] | None = None, token: str | None = None, *, source: str,
-                 class_name: str, kwargs: dict | None = None, step_timeout_s: float = 30.0,
-                 limits: Limits | None = None) -> None:
+    def __init__(self, url: str | list[str] | None = None, token: str | None = None, *,
+                 name: str | None = None, source: str | None = None, class_name: str | None = None,
+                 kwargs: dict | None = None, step_timeout_s: float = 30.0,
+                 limits: Limits | dict | None = None) -> None:
+        """`name`: an env name as in env.name ("frozenlake", "python:pkg.mod:Class",
+        "python:/path/file.py:Class"), resolved on the service's host; or `source` and
+        `class_name`: one self-contained module's text."""
+        limits = Limits(**limits) if isinstance(limits, dict) else limits
         super().__init__(url, token, limits)
-        self.spec = EnvSpec(source=source, class_name=class_name, kwargs=kwargs or {},
-                            step_timeout_s=step_timeout_s, limits=limits)
+        try:
+            self.spec = EnvSpec(source=source, class_name=class_name, name=name, kwargs=kwargs or {},
+                                step_timeout_s=step_timeout_s, limits=limits)
+        except ValueError as e:
+            raise SandboxError(f"HostedEnv: {e.errors()[0]['msg']}") from None
 
     def start(self) -> HostedEnv:
         body = self.spec.model_dump()

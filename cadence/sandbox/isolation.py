@@ -1,14 +1,19 @@
 """How a sandbox process is started: the bubblewrap command line, its uid and its Python.
 
 Inside bwrap the sandbox sees a read-only /usr (with the /lib, /lib64, /bin links), the Python
-runtime it runs, a private tmpfs workspace and /tmp, its own /proc and a minimal /dev, and
-nothing else of the host: no home, no project checkout, no host /tmp, no network (new user, PID,
-IPC, UTS, network and cgroup namespaces). It dies with its parent.
+runtime it runs (its installation read-only at /opt/python unless it lives under /usr; its
+site-packages importable with python_packages="site", the default, covered up with "none"),
+the code a hosted environment needs (one package or one file, read-only under /opt/code), a
+private tmpfs workspace and /tmp, its own /proc and a minimal /dev, and nothing else of the
+host: no home, no project checkout, no host /tmp, no network (new user, PID, IPC, UTS, network
+and cgroup namespaces). It dies with its parent.
 
 When the host runs as root, each sandbox also gets its own unprivileged host uid (bwrap then runs
 unprivileged and maps it to uid 65534 inside). That is what makes RLIMIT_NPROC, which counts all
 processes of a real uid, a per-sandbox process limit, and it means no sandbox can signal another.
-Without root, the processes limit is added on top of what the user already runs.
+Without root, the processes limit is added on top of what the user already runs. A uid of its
+own cannot read an interpreter under a private folder (a pyenv in /root): such folders are
+staged for bwrap by staging.py, without changing the host's permissions.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
+from cadence.sandbox import staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
 
 AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
 # Reads exactly N bytes of agent source from fd 0 (no buffered reader: it could swallow the config
 # frame that follows) and runs it; exits if the host is gone first (an EOF must not spin).
 # The agent comes compiled (a marshalled code object, when the sandbox's Python has the host's
@@ -39,6 +44,11 @@ LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n
           "if sys.argv[2] == 'code':\n    import marshal\n    src = marshal.loads(src)\n"
           "else:\n    src = compile(src, 'cadence-sandbox-agent', 'exec')\nexec(src)")
 WORKSPACE = "/workspace"
+# Neutral paths inside a sandbox for what it is shown of the host beyond /usr (read-only).
+PYTHON_HOME = "/opt/python"  # the interpreter's installation
+SITE_ROOT = "/opt/site"  # site-packages outside it (a venv's)
+CODE_ROOT = "/opt/code"  # code a hosted environment needs (one package or one file)
+PYTHON_PACKAGES = ("site", "none")
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
 
 UNISOLATED_WARNING = (
@@ -58,34 +68,53 @@ class Launch:
     config: dict
     workspace_host: str | None = None  # the unisolated fallback's host folder
     env: dict[str, str] = field(default_factory=dict)
+    stage: list[str] = field(default_factory=list)  # host paths to stage first (staging.py)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host file or folder shown read-only inside a sandbox at `inside` (under CODE_ROOT)."""
+
+    host: str
+    inside: str
+
+    def __post_init__(self) -> None:
+        if os.path.commonpath([self.inside, CODE_ROOT]) != CODE_ROOT or ".." in self.inside.split("/"):
+            raise ValueError(f"mount {self.inside!r}: must be under {CODE_ROOT}")
 
 
 @dataclass(frozen=True)
 class Runtime:
-    executable: str
-    prefixes: tuple[str, ...]
+    executable: str  # the real interpreter binary (symlinks and venvs resolved)
+    prefix: str  # the installation it belongs to: its standard library is under prefix/lib
     site_dirs: tuple[str, ...]
     magic: str  # bytecode magic number (hex)
 
 
 @functools.lru_cache(maxsize=8)
 def python_runtime(python: str | None = None) -> Runtime:
-    """The interpreter sandboxes run and the folders it needs (prefix, venv, site-packages)."""
+    """The interpreter sandboxes run, its installation and its site-packages (a venv's too)."""
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
-        exe, prefixes, sites = sys.executable, {sys.prefix, sys.base_prefix}, site.getsitepackages()
+        exe, base, sites = sys.executable, sys.base_prefix, site.getsitepackages()
         magic = importlib.util.MAGIC_NUMBER.hex()
     else:
         exe = shutil.which(python) or python
-        probe = ("import importlib.util,json,site,sys;print(json.dumps([sys.prefix,sys.base_prefix,"
+        probe = ("import importlib.util,json,site,sys;print(json.dumps([sys.base_prefix,"
                  "site.getsitepackages(),importlib.util.MAGIC_NUMBER.hex()]))")
         try:
             out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30, check=True)
         except (OSError, subprocess.SubprocessError) as e:
             raise IsolationUnavailable(f"python={python}: cannot run it ({e}); give a working interpreter") from e
-        prefix, base, sites, magic = json.loads(out.stdout)
-        prefixes = {prefix, base}
-    prefixes.add(os.path.dirname(os.path.dirname(os.path.realpath(exe))))
-    return Runtime(exe, tuple(sorted(prefixes)), tuple(s for s in sites if os.path.isdir(s)), magic)
+        base, sites, magic = json.loads(out.stdout)
+    real = os.path.realpath(exe)
+    prefix = os.path.realpath(base)
+    if not _under(real, prefix):  # e.g. a venv whose python is a copy: its own bin/ holds it
+        prefix = os.path.dirname(os.path.dirname(real))
+    return Runtime(real, prefix, tuple(s for s in sites if os.path.isdir(s)), magic)
+
+
+def _under(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _others_can_use(path: str) -> bool:
@@ -98,19 +127,49 @@ def _others_can_use(path: str) -> bool:
     return bool(os.stat(path).st_mode & 0o004)
 
 
-def sandbox_python(python: str | None, switching_uid: bool) -> Runtime:
-    """The interpreter a sandbox runs: the caller's choice, else the one running cadence. A
-    sandbox with its own uid cannot reach an interpreter under a private folder (a pyenv in
-    /root): then the system's /usr/bin/python3, which has the standard library only."""
-    rt = python_runtime(python)
-    if not switching_uid or all(_others_can_use(p) for p in (rt.executable, *rt.prefixes)):
-        return rt
-    if python is None and os.path.exists(SYSTEM_PYTHON):
-        return python_runtime(SYSTEM_PYTHON)
-    raise IsolationUnavailable(
-        f"python={rt.executable}: sandboxes run as an unprivileged uid that cannot read it "
-        f"(a parent folder is not world-readable); give python={SYSTEM_PYTHON} or a readable interpreter"
-    )
+@dataclass
+class PythonView:
+    """How a runtime appears inside a sandbox: what to bind where, and the paths seen inside."""
+
+    binds: list[tuple[str, str]]  # (host, inside), read-only
+    hidden: list[str]  # inside paths covered by an empty tmpfs
+    executable: str
+    site_dirs: list[str]
+    env: dict[str, str]
+
+
+def python_view(rt: Runtime, packages: str) -> PythonView:
+    """The interpreter's installation read-only at PYTHON_HOME (a neutral path: no host home or
+    checkout path inside), or where it is when it lives under /usr (already visible). With
+    packages="site" its site-packages (and a venv's, at SITE_ROOT/N) are importable; with
+    "none" only the standard library is: the site-packages folders are covered up."""
+    binds: list[tuple[str, str]] = []
+    env: dict[str, str] = {}
+    if _under(rt.prefix, "/usr"):
+        def inside(p: str) -> str:
+            return p
+    else:
+        binds.append((rt.prefix, PYTHON_HOME))
+
+        def inside(p: str) -> str:
+            return PYTHON_HOME + p[len(rt.prefix):]
+        if any(n.startswith("libpython") for n in os.listdir(os.path.join(rt.prefix, "lib"))):
+            env["LD_LIBRARY_PATH"] = inside(os.path.join(rt.prefix, "lib"))  # its RUNPATH is the host path
+    site_dirs, hidden, extra = [], [], []
+    for i, d in enumerate(rt.site_dirs):
+        seen = inside(d) if _under(d, rt.prefix) or _under(d, "/usr") else None
+        if packages == "none":
+            if seen is not None:
+                hidden.append(seen)
+            continue
+        if seen is None:
+            seen = f"{SITE_ROOT}/{i}"
+            binds.append((d, seen))
+            extra.append(seen)
+        site_dirs.append(seen)
+    if extra:  # a venv's packages, for `python3` run as a command too
+        env["PYTHONPATH"] = ":".join(extra)
+    return PythonView(binds, hidden, inside(rt.executable), site_dirs, env)
 
 
 @functools.lru_cache(maxsize=2)
@@ -161,27 +220,43 @@ def _nproc_base(uid: int | None) -> int:
     return count + 16
 
 
-def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False) -> Launch:
+def _bind_source(path: str, switching_uid: bool, stage: list[str]) -> str:
+    """The path bwrap binds for host `path`: itself, or, when the sandbox's own uid cannot reach
+    it (a private folder, e.g. a pyenv in /root), its staged mount point (staging.py)."""
+    if not switching_uid or _others_can_use(path):
+        return path
+    stage.append(path)
+    return staging.staged_path(path)
+
+
+def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False,
+           python_packages: str = "site", mounts: tuple[Mount, ...] = ()) -> Launch:
     """The command that starts one sandbox agent, isolated by bwrap (or, with the opt-in, not)."""
+    if python_packages not in PYTHON_PACKAGES:
+        raise ValueError(f"python_packages={python_packages!r}: use one of {PYTHON_PACKAGES}")
     uid = _host_uid()
-    rt = sandbox_python(python, uid is not None)
+    rt = python_runtime(python)
     bwrap = bwrap_path()
-    agent, kind = _agent_payload(rt.magic)
-    loader = ["-I", "-S", "-c", LOADER, str(len(agent)), kind]
     if bwrap is None and not allow_unisolated:
         raise IsolationUnavailable(
             "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap), or pass "
             "allow_unisolated=True / --allow-unisolated for an rlimits-only sandbox without isolation"
         )
+    agent, kind = _agent_payload(rt.magic)
+    loader = ["-I", "-S", "-c", LOADER, str(len(agent)), kind]
+    # Unisolated, the host's own paths are what the agent sees.
+    view = python_view(rt, python_packages) if bwrap else PythonView(
+        [], [], rt.executable, list(rt.site_dirs) if python_packages == "site" else [], {})
     cfg = {
         "limits": limits.model_dump(),
-        "site_dirs": list(rt.site_dirs),
+        "site_dirs": view.site_dirs,
         "nproc_base": _nproc_base(uid),
         "env": {
-            "PATH": ":".join([os.path.dirname(rt.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "PATH": ":".join([os.path.dirname(view.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
             "LANG": "C.UTF-8",
             "TMPDIR": "/tmp",
             "PYTHONUNBUFFERED": "1",
+            **view.env,
         },
     }
     if bwrap is None:
@@ -204,14 +279,18 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv",
         *_system_view(),
     ]
-    for prefix in rt.prefixes:
-        if not prefix.startswith("/usr/") and prefix != "/usr":
-            argv += ["--ro-bind", prefix, prefix]
+    stage: list[str] = []
+    for host, inside in [*view.binds, *((m.host, m.inside) for m in mounts)]:
+        argv += ["--ro-bind", _bind_source(host, uid is not None, stage), inside]
+    for inside in view.hidden:
+        argv += ["--tmpfs", inside]
+    for name, value in view.env.items():  # the agent's own interpreter needs LD_LIBRARY_PATH
+        argv += ["--setenv", name, value]
     argv += [
         "--proc", "/proc", "--dev", "/dev",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
         "--chdir", WORKSPACE,
-        rt.executable, *loader,
+        view.executable, *loader,
     ]
-    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg)
+    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage)

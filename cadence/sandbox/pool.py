@@ -14,11 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cadence.sandbox import cgroup
 from cadence.sandbox.events import EventLog
+from cadence.sandbox.isolation import Mount
 from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
 from cadence.sandbox.sandbox import LocalSandbox
 
@@ -37,7 +39,12 @@ class PoolConfig(BaseModel):
     probe_timeout_s: float = Field(5.0, gt=0)
     idle_timeout_s: float = Field(600.0, gt=0, description="a lease with no call this long is reaped")
     limits: Limits = Field(default_factory=Limits)
-    python: str | None = None
+    python: str | None = Field(
+        None, description="interpreter inside the sandboxes (None: the one running cadence), shown "
+        "read-only at /opt/python; as root, one under a private folder (a pyenv in /root) is staged")
+    python_packages: Literal["site", "none"] = Field(
+        "site", description="'site': the interpreter's site-packages importable, read-only (what "
+        "E2B or SandboxFusion users expect: numpy and friends); 'none': standard library only")
     allow_unisolated: bool = False
     events_path: str = ":memory:"
 
@@ -104,18 +111,21 @@ class Pool:
         self._health.start()
 
     # -- leases ----------------------------------------------------------------------------------
-    def acquire(self, limits: Limits | None = None, refill: bool = True) -> SandboxInfo:
+    def acquire(self, limits: Limits | None = None, refill: bool = True,
+                mounts: tuple[Mount, ...] = ()) -> SandboxInfo:
         """A ready sandbox: a warm spare when the limits are the pool's, else a cold start.
 
         `refill=False` leaves starting the next spare to the caller (`refill()`): the service
         does it after the response is sent, so a client never waits on a start it did not ask
-        for (a fork, bwrap and Python start-up compete for the same cores)."""
-        info = self.acquire_spare(limits)
+        for (a fork, bwrap and Python start-up compete for the same cores). `mounts` (host code
+        a hosted environment needs, read-only) always means a cold start, and replacements of
+        this sandbox get them too."""
+        info = None if mounts else self.acquire_spare(limits)
         if info is not None:
             if refill:
                 self.refill()
             return info
-        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)")
+        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)", mounts)
         if refill:
             self.refill()
         return slot.info()
@@ -267,7 +277,7 @@ class Pool:
             self._starter.submit(self._fill)
             return
         self._set(slot, "starting", f"replacement for generation {generation}: {reason}")
-        box = self._start_box(slot.id, old.limits)
+        box = self._start_box(slot.id, old.limits, old.mounts)
         if box is None:
             with self._lock:
                 self._slots.pop(slot.id, None)
@@ -287,8 +297,7 @@ class Pool:
                 want = max(self.cfg.warm - ready, self.cfg.min_size - alive)
                 if want <= 0 or alive >= self.cfg.max_size + self.cfg.warm:
                     return
-                placeholder = Slot(LocalSandbox(self.cfg.limits, self.cfg.python, self.cfg.allow_unisolated),
-                                   "starting", spare=True)
+                placeholder = Slot(self._box(self.cfg.limits), "starting", spare=True)
                 self._slots[placeholder.id] = placeholder
             self.events.record(placeholder.id, 0, "starting", "warm spare")
             try:
@@ -303,11 +312,15 @@ class Pool:
                 return
             self._set(placeholder, "ready", f"started in {placeholder.box.start_s * 1e3:.0f} ms")
 
-    def _new_slot(self, limits: Limits, state: str, reason: str) -> Slot:
+    def _box(self, limits: Limits, mounts: tuple[Mount, ...] = (), sandbox_id: str | None = None) -> LocalSandbox:
+        return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id,
+                            python_packages=self.cfg.python_packages, mounts=mounts)
+
+    def _new_slot(self, limits: Limits, state: str, reason: str, mounts: tuple[Mount, ...] = ()) -> Slot:
         with self._lock:
             if self._leases() >= self.cfg.max_size:
                 raise PoolFull(self._full_msg())
-            slot = Slot(LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated), "starting", spare=False)
+            slot = Slot(self._box(limits, mounts), "starting", spare=False)
             self._slots[slot.id] = slot
         self.events.record(slot.id, 0, "starting", reason)
         try:
@@ -326,9 +339,9 @@ class Pool:
     def _full_msg(self) -> str:
         return f"pool full: max_size={self.cfg.max_size} sandboxes leased; release one or raise max_size"
 
-    def _start_box(self, sandbox_id: str, limits: Limits) -> LocalSandbox | None:
+    def _start_box(self, sandbox_id: str, limits: Limits, mounts: tuple[Mount, ...]) -> LocalSandbox | None:
         try:
-            return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id).start()
+            return self._box(limits, mounts, sandbox_id).start()
         except SandboxError:
             return None
 

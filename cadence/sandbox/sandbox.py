@@ -24,8 +24,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from cadence.sandbox import staging
 from cadence.sandbox.cgroup import SandboxCgroup
-from cadence.sandbox.isolation import launch
+from cadence.sandbox.isolation import Mount, launch
 from cadence.sandbox.models import (
     ExecRequest,
     ExecResult,
@@ -59,9 +60,11 @@ def _new_spawner_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_new_spawner_after_fork)
 
-def _popen(nice: int, argv: list[str], **kw) -> subprocess.Popen:
+def _popen(nice: int, stage: list[str], argv: list[str], **kw) -> subprocess.Popen:
     """Popen with the spawner thread's nice value set to `nice` for the fork (a child inherits
-    its forking thread's priority), then back to 0."""
+    its forking thread's priority), then back to 0. `stage`: host paths bwrap reaches through
+    this thread's staging mounts (staging.py)."""
+    staging.mount_staged(stage)
     me = threading.get_native_id()
     if nice:
         os.setpriority(os.PRIO_PROCESS, me, nice)
@@ -80,11 +83,17 @@ FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes millisecon
 
 class LocalSandbox:
     def __init__(self, limits: Limits | None = None, python: str | None = None,
-                 allow_unisolated: bool = False, sandbox_id: str | None = None) -> None:
+                 allow_unisolated: bool = False, sandbox_id: str | None = None,
+                 python_packages: str = "site", mounts: tuple[Mount, ...] = ()) -> None:
+        """`python`: the interpreter inside (None: the one running cadence); `python_packages`:
+        "site" (its site-packages importable, read-only) or "none" (standard library only);
+        `mounts`: host code shown read-only under /opt/code (hosted environments)."""
         self.id = sandbox_id or uuid.uuid4().hex[:12]
         self.limits = limits or Limits()
         self.python = python
         self.allow_unisolated = allow_unisolated
+        self.python_packages = python_packages
+        self.mounts = tuple(mounts)
         self.proc: subprocess.Popen | None = None
         self.isolated = False
         self.started_at = 0.0
@@ -100,12 +109,12 @@ class LocalSandbox:
         CPU priority, so that it does not slow the calls being served; the agent is put back to
         normal priority once up. Only as root, which may raise a priority back."""
         t0 = time.perf_counter()
-        spec = launch(self.limits, self.python, self.allow_unisolated)
+        spec = launch(self.limits, self.python, self.allow_unisolated, self.python_packages, self.mounts)
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
         self.proc = _SPAWNER.submit(
-            _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+            _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.stage, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
             start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
         ).result()
         # Into its cgroup before the agent has its source, so before anything in it can fork.

@@ -201,9 +201,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-size", type=int, default=64)
     p.add_argument("--health-period-s", type=float, default=2.0)
     p.add_argument("--allow-unisolated", action="store_true")
+    p.add_argument("--python", default=None, help="interpreter inside the sandboxes (default: this one)")
+    p.add_argument("--python-packages", choices=["site", "none"], default="site",
+                   help="site: its site-packages importable, read-only; none: standard library only")
     a = p.parse_args(argv)
     serve(PoolConfig(warm=a.warm, max_size=a.max_size, health_period_s=a.health_period_s,
-                     allow_unisolated=a.allow_unisolated, events_path=a.events),
+                     allow_unisolated=a.allow_unisolated, events_path=a.events, python=a.python,
+                     python_packages=a.python_packages),
           a.host, a.port, a.token_file)
 
 
