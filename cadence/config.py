@@ -7,7 +7,6 @@ arithmetic that cannot work are reported with the field's dotted name and a fix.
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from cadence.rewards.config import RewardConfig
 from cadence.rollout.config import RolloutConfig
 from cadence.runtime.config import RuntimeConfig, check_runtime
 from cadence.train.config import CheckpointConfig, TrainerConfig
+from cadence.yaml_config import ConfigError, _explain, apply_override, parse_override, read_yaml
 
 
 class Section(BaseModel):
@@ -139,59 +139,6 @@ def _chain_answers_fit(data: dict) -> dict:
     return {**data, "rollout": {**rollout, "max_new_tokens": budget}}
 
 
-class ConfigError(ValueError):
-    """A config problem, phrased for the person who wrote the config."""
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`trainer.lr=3e-4` -> (["trainer", "lr"], 0.0003); values are parsed as YAML."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key.sub=value")
-    key, raw = text.split("=", 1)
-    if not key.strip():
-        raise ConfigError(f"override {text!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML; quote it") from None
-    return key.strip().split("."), value
-
-
-def apply_override(tree: dict, path: list[str], value: Any) -> None:
-    node = tree
-    for part in path[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
-        node = child
-    node[path[-1]] = value
-
-
-def _explain(err: ValidationError, schema: type[BaseModel]) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key{_suggest(e['loc'], schema)}")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {where}: {msg} (got {e.get('input')!r})")
-    return "invalid config:\n" + "\n".join(lines)
-
-
-def _suggest(loc: tuple, schema: type[BaseModel]) -> str:
-    """Name the closest valid key, walking the schema along `loc`."""
-    model: Any = schema
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return ""
-        model = field.annotation
-    names = list(getattr(model, "model_fields", {}))
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
-
-
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML (optional), apply dotted overrides, validate everything."""
     tree: dict = read_yaml(path) if path is not None else {}
@@ -205,27 +152,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         raise ConfigError(_explain(err, RunConfig)) from None
     check_paths(cfg)
     return cfg
-
-
-def read_yaml(path: str | os.PathLike) -> dict:
-    """A config file's top-level mapping, or a one-line `ConfigError` saying what is wrong."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {p} does not exist")
-    if p.is_dir():
-        raise ConfigError(f"config file {p} is a folder; --config takes a YAML file")
-    try:
-        tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {p} is not a text (UTF-8) file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"config file {where}: invalid YAML ({problem})") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {p} must hold a mapping at the top level (key: value lines)")
-    return tree
 
 
 def check_paths(cfg: RunConfig) -> None:

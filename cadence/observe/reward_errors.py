@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cadence.config import ConfigError
+from cadence.yaml_config import ConfigError
 
 CHECK_STEPS = 3  # training steps during which a (nearly) always failing reward stops the run
 BROKEN_FRACTION = 0.9  # failed / scored at or above this is "nearly every reward fails"

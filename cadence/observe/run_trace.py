@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cadence.config import LoggingConfig
+from cadence.observe.config import LoggingConfig
 from cadence.observe.events import EVENTS_DIR, Timeline, cut_back
 from cadence.observe.run_status import RunStatus
 from cadence.observe.sample_log import SampleLog

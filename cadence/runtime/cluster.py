@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.config import ConfigError, RuntimeConfig
+from cadence.runtime.config import RuntimeConfig
+from cadence.yaml_config import ConfigError
 
 
 @dataclass

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from cadence.config import RuntimeConfig, TrainerConfig
 from cadence.rollout.sample import Group
+from cadence.runtime.config import RuntimeConfig
+from cadence.train.config import TrainerConfig
 from cadence.train.data_parallel import DataParallel
 
 # Builds one rank's trainer; must pickle (a module-level function or a functools.partial of one).

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from cadence.config import ConfigError
+from cadence.yaml_config import ConfigError
 
 CONFIG_FILE = "run_config.yaml"  # inside each checkpoint: the config it was trained under
 CHANGES_FILE = "resume_changes.yaml"

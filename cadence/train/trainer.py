@@ -30,11 +30,11 @@ from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm import credit_metrics, shape_advantages
-from cadence.config import TrainerConfig
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
 from cadence.train.checkpoint import load_full_optimizer, load_sharded, save_sharded
+from cadence.train.config import TrainerConfig
 from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
