@@ -142,3 +142,27 @@ def prefill_groups(
     cut = len(fresh)
     groups = [(fresh, free[:cut], None), (again, free[cut:], [pasts[i] for i in again])]
     return [g for g in groups if g[0]]
+
+
+def reuse_metrics(engine_stats: dict) -> dict[str, float]:
+    """An engine's prompt-reuse counters as run metrics (totals since the engine started).
+
+    `prefill_tokens_saved`: prompt tokens an engine did not run through the model
+    because an earlier turn had (embedded: `reused_tokens` from kept contexts;
+    vLLM: `cached_prompt_tokens` found in its prefix cache). An engine that
+    counts neither (mock) gives no metrics.
+    """
+    saved = engine_stats.get("reused_tokens", engine_stats.get("cached_prompt_tokens"))
+    if saved is None:
+        return {}
+    prompt = engine_stats.get("prompt_tokens", 0)
+    out = {
+        "rollout/prompt_tokens_total": float(prompt),
+        "rollout/prefill_tokens_total": float(engine_stats.get("prefill_tokens", prompt - saved)),
+        "rollout/prefill_tokens_saved_total": float(saved),
+        "rollout/prefill_tokens_saved_fraction": saved / max(prompt, 1),
+    }
+    if "reuse_hits" in engine_stats:  # requests that continued a kept context (embedded only)
+        out["rollout/kv_reuse_hits_total"] = float(engine_stats["reuse_hits"])
+        out["rollout/kv_reuse_misses_total"] = float(engine_stats["reuse_misses"])
+    return out

@@ -27,6 +27,7 @@ from cadence.config import RunConfig
 from cadence.envs.runner import EnvRunner
 from cadence.inference.config import build_engine
 from cadence.inference.hub import InferenceHub
+from cadence.inference.prefix_reuse import reuse_metrics
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.events import Timeline
@@ -233,6 +234,7 @@ class EpisodeWorker:
             "rollout/groups_dropped_total": float(counts["groups_dropped"]),
             "rollout/groups_stale_cancelled_total": float(counts["groups_stale"]),
             "rollout/turns_per_episode": self.rollout.turn_total / max(counts["episodes"], 1),
+            **reuse_metrics(engine),
         }
         for kind in ("raised", "timeout", "died"):
             out[f"rollout/episodes_lost_{kind}_total"] = float(counts[f"lost/{kind}"])

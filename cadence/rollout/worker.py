@@ -34,6 +34,7 @@ from cadence.config import RunConfig
 from cadence.data.tasks import build_task
 from cadence.inference.config import build_engine
 from cadence.inference.hub import InferenceHub
+from cadence.inference.prefix_reuse import reuse_metrics
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.events import Timeline
@@ -246,6 +247,7 @@ class RolloutWorker:
             "rollout/samples_total": float(self.stats.samples),
             "rollout/in_flight_groups": float(len(self.rollout.pending)),
             "rollout/filtered_groups_total": float(self.stats.filtered_groups),
+            **reuse_metrics(engine),
         }
 
     def reward_report(self) -> dict:
