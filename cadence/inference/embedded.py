@@ -4,10 +4,10 @@ The zero-install engine and the one tests run against. transformers'
 `generate` restarts per batch and `generate_batch` is slow on CPU, so this
 is a hand-written loop over one shared KV cache (`SlotKVCache`):
 
-- the batch is a set of row slots; each running request holds one. Rows are
-  left-padded to a common cache window; a 2D attention mask marks real
-  columns and explicit position_ids (count of real tokens) keep rotary
-  positions right whatever the padding;
+- the batch is a set of row slots (`SlotBatch`, slot_batch.py: the forwards);
+  each running request holds one. Rows are left-padded to a common cache
+  window; a 2D attention mask marks real columns and explicit position_ids
+  (count of real tokens) keep rotary positions right whatever the padding;
 - a decode step writes one column in place into preallocated buffers that
   grow geometrically, not a `torch.cat` of the whole cache per step. (CPU
   sdpa then reads strided views that are no longer hot in cache, so its own
@@ -50,10 +50,9 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cadence.inference.endings import eos_ids, finish_reason, first_int, response_text, stop_window
-from cadence.inference.kv_cache import SlotKVCache, full_attention_layers
 from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts, prefill_groups
 from cadence.inference.sampling import sample, token_logprobs
-from cadence.inference.slots import SlotInputs
+from cadence.inference.slot_batch import SlotBatch
 from cadence.inference.types import (
     FinishReason,
     GenRequest,
@@ -101,13 +100,10 @@ class EmbeddedEngine:
         self.pad_id = first_int(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
         self.eos_ids = eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-        num_layers = full_attention_layers(model)  # fail early on models this engine cannot batch
+        self._batch = SlotBatch(self.model, max_batch_size, self.pad_id, self.device)
 
         self._waiting: deque[GenRequest] = deque()
         self._running: list[_Seq] = []  # in admission order, the order rows are sampled in
-        self._cache = SlotKVCache(num_layers, max_rows=max_batch_size, device=self.device)
-        self._holes: list[int] = []  # released slots below cache.rows, to be reused
-        self._in = SlotInputs(self.pad_id, self.device)  # sized to the cache's row capacity
         self._order: tuple[Tensor, Tensor, Tensor] | None = None  # slots, temp, top_p of _running
         self._order_stale = True
         self._held: list[GenResult] = []  # finished outside a `generate` call that ran them
@@ -244,16 +240,11 @@ class EmbeddedEngine:
             "retained_tokens": self._retained.tokens(),
             "running": len(self._running),
             "waiting": len(self._waiting),
-            "cache_len": self._cache.width,
+            "cache_len": self._batch.cache.width,
             "version": self.version,
         }
 
     # ---- the batch ------------------------------------------------------
-
-    def _reserve(self, rows: int, width: int) -> None:
-        """Room in the cache (and the per-slot inputs) for `rows` slots and `width` columns."""
-        self._cache.reserve(rows, width)
-        self._in.grow(self._cache.row_capacity)
 
     def _sampling_order(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """Slots of the running rows in admission order, with their temperatures and top-p.
@@ -262,27 +253,18 @@ class EmbeddedEngine:
         """
         if self._order_stale:
             slots = [seq.slot for seq in self._running]
-            if slots == list(range(self._cache.rows)):
+            if slots == list(range(self._batch.rows)):
                 self._order = None
             else:
                 index = torch.tensor(slots, device=self.device)
-                self._order = (index, self._in.temp[index], self._in.top_p[index])
+                self._order = (index, self._batch.inputs.temp[index], self._batch.inputs.top_p[index])
             self._order_stale = False
         return self._order
 
     def _decode(self) -> tuple[Tensor, Tensor]:
         """One forward for every slot: feed the last token, sample the next for the running rows."""
-        cache, n, inputs = self._cache, self._cache.rows, self._in
-        self._reserve(n, cache.width)  # a free column for this step
-        out = self.model(
-            input_ids=inputs.last[:n, None],
-            attention_mask=cache.decode_mask(),
-            position_ids=inputs.pos[:n, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache.advance()
-        logits = out.logits[:, -1]
+        logits = self._batch.decode()
+        n, inputs = self._batch.rows, self._batch.inputs
         order = self._sampling_order()
         if order is None:
             tokens, logprobs = self._sample(logits, inputs.temp[:n], inputs.top_p[:n])
@@ -291,46 +273,8 @@ class EmbeddedEngine:
             index, temp, top_p = order
             tokens, logprobs = self._sample(logits[index], temp, top_p)
             inputs.last[index] = tokens
-        inputs.pos[:n] += inputs.alive[:n]  # released slots stay at position 0
         self._stats["decode_steps"] += 1
         return tokens, logprobs
-
-    def _fill_slots(
-        self, contexts: list[list[int]], slots: list[int], pasts: list[CachedPrefix] | None = None
-    ) -> tuple[Tensor, int]:
-        """One forward over `contexts`, writing their keys and values into `slots`.
-
-        With `pasts` (the cached keys and values of each context's first
-        tokens) the forward covers only the last `new` columns, `new` the
-        longest uncached suffix; the rest of each row is copied in. Returns
-        each context's last logits [len(contexts), V] and how many of their
-        tokens went through the model.
-        """
-        lengths = [len(c) for c in contexts]
-        width = max(lengths)
-        new = width if pasts is None else max(n - len(p) for n, p in zip(lengths, pasts, strict=True))
-        ids = torch.full((len(contexts), new), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long)
-        for i, c in enumerate(contexts):  # left padding: the next token goes at the right edge
-            tail = c[-new:]
-            ids[i, new - len(tail) :] = torch.tensor(tail)
-            mask[i, width - lengths[i] :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, width - new :]
-        self._reserve(max(slots) + 1, width)
-        for slot, n, past in zip(slots, lengths, pasts or [], strict=False):
-            kept = past.head(max(n - new, 0))  # the rest of the row goes through the forward
-            self._cache.place_row(slot, kept.keys, kept.values, end=self._cache.hi - new)
-        with self._cache.prefilling(slots, mask, past=width - new):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=self._cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out.logits[:, -1], sum(min(n, new) for n in lengths)
 
     def _prefill(self, reqs: list[GenRequest]) -> tuple[list[_Seq], Tensor, Tensor]:
         """Run the prompts of newly admitted requests, writing their cache into free slots.
@@ -342,16 +286,10 @@ class EmbeddedEngine:
         lengths = [len(r.prompt_ids) for r in reqs]
         pasts = [self._retained.take(r) if self.keep_kv else None for r in reqs]
         self._retained.evict(keep=self.max_batch_size - len(self._running) - len(reqs))
-        self._holes.sort()
-        reused = self._holes[: len(reqs)]
-        del self._holes[: len(reqs)]
-        rows = self._cache.rows
-        free = reused + list(range(rows, rows + len(reqs) - len(reused)))
+        free = self._batch.free_slots(len(reqs))
         slots, logits = [0] * len(reqs), None
         for group, group_slots, group_pasts in prefill_groups(pasts, free):
-            part, computed = self._fill_slots(
-                [reqs[i].prompt_ids for i in group], group_slots, group_pasts
-            )
+            part, computed = self._batch.fill([reqs[i].prompt_ids for i in group], group_slots, group_pasts)
             self._stats["prefill_tokens"] += computed
             logits = part.new_empty((len(reqs), part.shape[1])) if logits is None else logits
             logits[group] = part
@@ -360,7 +298,7 @@ class EmbeddedEngine:
         temp = torch.tensor([r.params.temperature for r in reqs], device=self.device)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=self.device)
         tokens, logprobs = self._sample(logits, temp, top_p)
-        self._in.set(slots, tokens, lengths, [r.params for r in reqs])
+        self._batch.inputs.set(slots, tokens, lengths, [r.params for r in reqs])
         self._order_stale = True
         new_rows = [self._new_seq(r, slot) for r, slot in zip(reqs, slots, strict=True)]
         self._running += new_rows
@@ -374,33 +312,19 @@ class EmbeddedEngine:
         Batched prefills of prompt + response so far, minus the last sampled
         token (the next step's input, as always), into slots 0..n-1 in
         admission order; the old cache and its holes are dropped. Rows go in
-        chunks of at most `recompute_chunk_tokens` padded tokens (at least one
-        row each), so a swap with many long requests does not need a forward
-        over all of them at once.
+        chunks of at most `recompute_chunk_tokens` padded tokens (see
+        `SlotBatch.refill`).
         """
         seqs = self._running
         if not seqs:
             return
         start = time.perf_counter()
         contexts = [seq.req.prompt_ids + seq.tokens[:-1] for seq in seqs]
-        self._cache.truncate(0)
-        self._holes = []
-        self._in.kill()
-        slots = list(range(len(seqs)))
+        slots = self._batch.refill(contexts, self.recompute_chunk_tokens)
         for seq, slot in zip(seqs, slots, strict=True):
             seq.slot = slot
-        first = 0
-        while first < len(seqs):
-            end, width = first + 1, len(contexts[first])
-            while end < len(seqs):
-                wider = max(width, len(contexts[end]))
-                if (end + 1 - first) * wider > self.recompute_chunk_tokens:
-                    break
-                end, width = end + 1, wider
-            self._fill_slots(contexts[first:end], slots[first:end])
-            first = end
         last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
-        self._in.set(slots, last, [len(c) for c in contexts], [seq.req.params for seq in seqs])
+        self._batch.inputs.set(slots, last, [len(c) for c in contexts], [seq.req.params for seq in seqs])
         self._order_stale = True
         self._stats["recomputes"] += 1
         self._stats["recomputed_tokens"] += sum(len(c) for c in contexts)
@@ -413,45 +337,20 @@ class EmbeddedEngine:
         self._running = [seq for i, seq in enumerate(self._running) if i not in gone]
         self._order_stale = True
         if not self._running:  # nothing left: start the next batch from an empty cache
-            self._cache.truncate(0)
-            self._holes = []
-            self._in.kill()
-            return
-        self._cache.release(slots)
-        self._in.kill(torch.tensor(slots, device=self.device))
-        self._holes += slots
-        # Rows are left-padded, so the longest row decides how many columns are needed.
-        self._cache.trim(int(self._in.pos.max()))  # real tokens in the cache of the longest row
+            self._batch.clear()
+        else:
+            self._batch.release(slots)
 
     def _close_holes(self, keep: int) -> None:
         """Leave at most `keep` holes (this step's admissions fill them); close the rest.
 
         Trailing holes are dropped; others get the batch's last row (one row copied).
         """
-        if len(self._holes) <= keep:
+        if len(self._batch.holes) <= keep:
             return
-        holes = sorted(self._holes)
         by_slot = {seq.slot: seq for seq in self._running}
-        rows = self._cache.rows
-        dst: list[int] = []
-        src: list[int] = []
-        while len(holes) > keep:
-            last = rows - 1
-            rows -= 1
-            if holes[-1] == last:
-                holes.pop()
-                continue
-            hole = holes.pop(0)
-            seq = by_slot[last]
-            dst.append(hole)
-            src.append(last)
-            seq.slot = hole
-        if dst:
-            self._cache.move(dst, src)
-            self._in.move(dst, src)
-        self._in.kill(slice(rows, self._cache.rows))
-        self._cache.truncate(rows)
-        self._holes = holes
+        for src, dst in self._batch.close_holes(keep):
+            by_slot[src].slot = dst
         self._order_stale = True
 
     # ---- per-request bookkeeping ---------------------------------------
@@ -490,7 +389,7 @@ class EmbeddedEngine:
         """Copy a finished row's KV cache out for its cache key's next turn."""
         if self.keep_kv and seq.req.cache_key is not None:
             context = seq.req.prompt_ids + seq.tokens[:-1]  # the last token never went in
-            keys, values = self._cache.read_row(seq.slot, len(context))
+            keys, values = self._batch.cache.read_row(seq.slot, len(context))
             self._retained.retain(seq.req.cache_key, CachedPrefix(context, keys, values))
 
     def _result(self, seq: _Seq, reason: FinishReason) -> GenResult:

@@ -1,4 +1,4 @@
-"""What each KV-cache slot of `EmbeddedEngine` feeds the next decode step.
+"""What each KV-cache slot of `EmbeddedEngine` (`SlotBatch`) feeds the next decode step.
 
 One tensor per field, indexed by slot, so a decode step reads its inputs and
 sampling settings for the whole batch without a Python loop over rows. A slot

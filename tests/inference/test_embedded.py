@@ -155,7 +155,7 @@ def test_a_freed_slot_goes_to_the_next_request(llama):
     results.update({r.request_id: r for r in engine.step()})
     # "d" sits in the slot "b" left (no cache rows copied) but is sampled after the others.
     assert [(s.req.request_id, s.slot) for s in engine._running] == [("a", 0), ("c", 2), ("d", 1)]
-    assert engine._cache.rows == 3
+    assert engine._batch.cache.rows == 3
     while engine.has_unfinished():
         results.update({r.request_id: r for r in engine.step()})
     for rid, prompt, params in plan:
@@ -183,11 +183,11 @@ def test_long_request_survives_many_admissions_and_finishes(llama):
         done = engine.step()
         results.update({r.request_id: r for r in done})
         # Slots freed in a step are refilled or closed in the next one: no holes pile up.
-        assert len(engine._holes) <= len(done)
-        assert engine._cache.rows == len(engine._running) + len(engine._holes) <= 4
+        assert len(engine._batch.holes) <= len(done)
+        assert engine._batch.cache.rows == len(engine._running) + len(engine._batch.holes) <= 4
     for rid, prompt, params in plan:
         assert results[rid].token_ids == alone(model, tok, prompt, params), rid
-    assert engine._cache.relayouts >= 3 and engine.stats()["cache_len"] == 0
+    assert engine._batch.cache.relayouts >= 3 and engine.stats()["cache_len"] == 0
 
 
 def test_static_batching_closes_holes_and_matches_solo_runs(llama):
@@ -203,7 +203,7 @@ def test_static_batching_closes_holes_and_matches_solo_runs(llama):
     while engine.has_unfinished():
         done = engine.step()
         results.update({r.request_id: r for r in done})
-        assert len(engine._holes) <= len(done)
+        assert len(engine._batch.holes) <= len(done)
         if engine.stats()["waiting"] and engine.stats()["running"]:
             assert engine.stats()["running"] <= 3 and len(results) < 3  # the first wave runs alone
     for rid, prompt, params in plan:
