@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cadence.observe.metrics import truncate_jsonl
+
 EVENTS_DIR = "events"
 
 
@@ -62,17 +64,7 @@ def cut_back(path: Path, last_step: int) -> None:
     """Drop the per-step records (not the spans) a killed run wrote after its checkpoint's step:
     the resumed run writes them again, and a dashboard must not count a step twice. The spans
     stay: that time was really spent, and the timeline shows it."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by the kill
-        if "kind" not in record or record.get("step", 0) <= last_step:
-            kept.append(line)
-    path.write_text("".join(k + "\n" for k in kept))
+    truncate_jsonl(path, last_step, keep=lambda record: "kind" not in record)
 
 
 class Timeline:

@@ -8,12 +8,13 @@ duplicated steps.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only records with step <= last_step (and drop a torn last line)."""
+def truncate_jsonl(path: Path, last_step: int, keep: Callable[[dict], bool] | None = None) -> None:
+    """Keep only records with step <= last_step, or that `keep` accepts (and drop a torn last line)."""
     if not path.exists():
         return
     kept = []
@@ -22,7 +23,7 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
-        if record.get("step", 0) <= last_step:
+        if record.get("step", 0) <= last_step or (keep is not None and keep(record)):
             kept.append(line)
     path.write_text("".join(k + "\n" for k in kept))
 

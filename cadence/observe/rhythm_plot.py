@@ -61,6 +61,24 @@ def _short(text: str, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
+def _mark(
+    ax: Any, x: Any, y: torch.Tensor, where: torch.Tensor, marker: str, size: int, color: str, zorder: int, label: str
+) -> None:
+    """Black-edged markers on the curve `y` at the positions `where` (nothing, no legend entry, if none)."""
+    if where.any():
+        ax.scatter(
+            x[where.numpy()],
+            y[where].numpy(),
+            marker=marker,
+            s=size,
+            color=color,
+            edgecolor="black",
+            linewidths=0.6,
+            zorder=zorder,
+            label=label,
+        )
+
+
 def plot_rhythm(
     path: str | Path,
     labels: list[str],
@@ -122,30 +140,8 @@ def plot_rhythm(
         lw=1.0,
         label="\u0394 = |WAAD[t] \u2212 WAAD[t+1]|",
     )
-    if local.any():
-        ax_w.scatter(
-            x[local.numpy()],
-            d[local].numpy(),
-            marker="^",
-            s=60,
-            color=COLORS["local"],
-            edgecolor="black",
-            linewidths=0.6,
-            zorder=5,
-            label="local chunk (top-q \u0394)",
-        )
-    if intro_mask.any():
-        ax_w.scatter(
-            x[intro_mask.numpy()],
-            d[intro_mask].numpy(),
-            marker="D",
-            s=45,
-            color=COLORS["introducer"],
-            edgecolor="black",
-            linewidths=0.6,
-            zorder=6,
-            label="introducer of a dominated anchor",
-        )
+    _mark(ax_w, x, d, local, "^", 60, COLORS["local"], 5, "local chunk (top-q \u0394)")
+    _mark(ax_w, x, d, intro_mask, "D", 45, COLORS["introducer"], 6, "introducer of a dominated anchor")
     if credit == "coupled" and r > 1:
         # The thresholds credit_selection used: this response as a batch of one.
         taus = coupled_thresholds(w[None], d[None], torch.ones(1, r, dtype=torch.bool), cfg)
@@ -160,30 +156,8 @@ def plot_rhythm(
     # 2. FAI
     ax_f.plot(x, f.numpy(), "-o", color=COLORS["fai"], ms=2.5, lw=1.3, label="FAI (global heads)")
     plain_anchor = anchors & ~dominated
-    if plain_anchor.any():
-        ax_f.scatter(
-            x[plain_anchor.numpy()],
-            f[plain_anchor].numpy(),
-            marker="o",
-            s=50,
-            color=COLORS["anchor"],
-            edgecolor="black",
-            linewidths=0.6,
-            zorder=5,
-            label="global anchor (top-q FAI)",
-        )
-    if dominated.any():
-        ax_f.scatter(
-            x[dominated.numpy()],
-            f[dominated].numpy(),
-            marker="X",
-            s=80,
-            color=COLORS["dominated"],
-            edgecolor="black",
-            linewidths=0.6,
-            zorder=6,
-            label="locally dominated anchor",
-        )
+    _mark(ax_f, x, f, plain_anchor, "o", 50, COLORS["anchor"], 5, "global anchor (top-q FAI)")
+    _mark(ax_f, x, f, dominated, "X", 80, COLORS["dominated"], 6, "locally dominated anchor")
     ax_f.set_ylabel(f"FAI  (t\u2212s in [{cfg.fai_min}, {cfg.fai_max}])")
     positive = f[f > 0]
     if positive.numel() == 0:
