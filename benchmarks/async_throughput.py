@@ -59,7 +59,7 @@ from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import train_run  # noqa: E402
+from harness import TIMING_ONLY, timed_steps, train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "async.md"
@@ -74,11 +74,7 @@ COMMON = [
     "rollout.group_size=8",
     "rollout.engine.max_batch_size=64",
     "trainer.micro_batch_size=32",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "checkpoint.every=0",
+    *TIMING_ONLY,
 ]
 RAY = ["runtime.kind=ray", "runtime.threads=1"]
 VARIANTS = {
@@ -96,9 +92,7 @@ SYNC = ("sync (inline, 2 threads)", "sync (ray, 1+1 cores)")
 def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
     run = train_run([*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}"])
     cfg, rs, wall = run.cfg, run.records, run.wall_s
-    timed = rs[warmup:]
-    seconds = sum(r["time/step"] for r in timed)
-    samples = sum(r["progress/samples_total"] for r in timed[-1:]) - rs[warmup - 1]["progress/samples_total"]
+    timed, seconds, samples = timed_steps(rs, warmup)
     tokens = sum(r["response/length_mean"] * cfg.batch_size for r in timed)
     split = measured_split(rs[warmup - 1 :], cfg.batch_size, 1, cfg.rollout.async_ratio)
     return {

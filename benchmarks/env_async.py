@@ -1,6 +1,6 @@
 """Environment-level async vs lock-step rollout under slow, fail-slow and fail-stop environments.
 
-    python benchmarks/env_async.py            # the tables in docs/agentic.md (~25 min on 2 cores)
+    python benchmarks/env_async.py            # the tables in docs/agentic.md (~55 min on 2 cores)
     python benchmarks/env_async.py --quick    # smoke run (mock engine, no sweep; writes no docs)
 
 Every variant is an end-to-end `cadence train` run in this process (inline
@@ -50,7 +50,7 @@ from pathlib import Path
 from cadence.observe.report import write_doc_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import cpu_model, train_run  # noqa: E402
+from harness import TIMING_ONLY, cpu_model, timed_steps, train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "agentic.md"
@@ -58,11 +58,12 @@ RESULTS = ROOT / "docs" / "results" / "env_async.json"
 COMMAND = "python benchmarks/env_async.py"
 
 LATENCY_MEAN_S = 0.5
+MAX_TURNS = 8
 COMMON = [
     # The documented example environment: short observations keep training cheap on the CPU.
     f"env.name=python:{ROOT}/examples/envs/guess_number.py:GuessNumber",
     "env.action_tag=null",  # every turn steps the environment (and pays its latency)
-    "env.max_turns=4",
+    f"env.max_turns={MAX_TURNS}",  # agentic tasks run many turns; lock-step pays the tail on each
     f"env.latency.mean_s={LATENCY_MEAN_S}",
     f"env.latency.std_s={LATENCY_MEAN_S}",
     "env.latency.fail_slow_share=0.05",
@@ -74,11 +75,7 @@ COMMON = [
     "rollout.max_new_tokens=8",
     "rollout.engine.max_batch_size=64",
     "trainer.micro_batch_size=32",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "checkpoint.every=0",
+    *TIMING_ONLY,
     "runtime.kind=inline",
     "runtime.threads=1",  # one torch thread: the machine is shared
 ]
@@ -119,10 +116,8 @@ def run_variant(engine: str, name: str, alpha: int, overrides: list[str], steps:
     run = train_run([*COMMON, *ENGINES[engine], *overrides, f"rollout.async_ratio={alpha}",
                      f"trainer.steps={steps}", *extra])
     records, cfg = run.records, run.cfg
-    before, timed = records[warmup - 1], records[warmup:]
-    seconds = sum(r["time/step"] for r in timed)
-    episodes = timed[-1]["progress/samples_total"] - before["progress/samples_total"]
-    busy = timed[-1]["rollout/engine_busy_s"] - before["rollout/engine_busy_s"]
+    timed, seconds, episodes = timed_steps(records, warmup)
+    busy = timed[-1]["rollout/engine_busy_s"] - records[warmup - 1]["rollout/engine_busy_s"]
     last = timed[-1]
     return {
         "engine": engine,
@@ -135,6 +130,7 @@ def run_variant(engine: str, name: str, alpha: int, overrides: list[str], steps:
         "episodes_per_s": episodes / seconds,
         "engine_busy_fraction": busy / seconds,
         "step_seconds": seconds / len(timed),
+        "step_seconds_each": [r["time/step"] for r in timed],  # fail-stops make single steps noisy
         "train_seconds": sum(r["train/seconds"] for r in timed) / len(timed),
         "trainer_idle_s": sum(r["time/trainer_idle"] for r in timed) / len(timed),
         "staleness_max": max(r["train/staleness_max"] for r in timed),
@@ -199,8 +195,10 @@ def write_doc(table: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4)
+    # 4 timed steps a run: one fail-stop more or less moves a single step by 10-20 s.
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--sweep-steps", type=int, default=3, help="training steps of each sweep run (warm-up included)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--sweep-engines", nargs="*", default=["mock"], choices=list(ENGINES))
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
@@ -222,14 +220,17 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     for engine in args.sweep_engines if not args.quick else []:  # the sweep's runs are run_variant's too
         for name, overrides in SWEEP.items():
-            sweep.append(run_variant(engine, name, 0, overrides, steps, warmup, extra))
+            sweep.append(run_variant(engine, name, 0, overrides, args.sweep_steps, warmup, extra))
             print(json.dumps(sweep[-1]), flush=True)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}",
         "command": COMMAND + (" --quick" if args.quick else ""),
         "steps": steps,
+        "sweep_steps": args.sweep_steps,
         "warmup": warmup,
+        "max_turns": MAX_TURNS,
+        "latency_mean_s": LATENCY_MEAN_S,
         "batch_episodes": rows[0]["batch_episodes"],
         "settings": {"common": COMMON, "engines": ENGINES, "quick": extra},
         "loadavg_before": list(load_before),

@@ -10,6 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Overrides for a run that is only timed: no held-out evaluations, progress bars,
+# TensorBoard files or checkpoints inside the steps being measured.
+TIMING_ONLY = [
+    "eval.before=false",
+    "eval.after=false",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "checkpoint.every=0",
+]
+
 
 @dataclass
 class TrainedRun:
@@ -46,6 +56,15 @@ def train_run(overrides: list[str], run_dir: str | None = None) -> TrainedRun:
 
         ray.shutdown()
     return TrainedRun(cfg, summary, records, wall_s, began, ended)
+
+
+def timed_steps(records: list[dict[str, Any]], warmup: int) -> tuple[list[dict[str, Any]], float, float]:
+    """The steps after the first `warmup`, their seconds, and the samples trained in them."""
+    timed = records[warmup:]
+    seconds = sum(r["time/step"] for r in timed)
+    before = records[warmup - 1]["progress/samples_total"] if warmup else 0.0
+    samples = timed[-1]["progress/samples_total"] - before
+    return timed, seconds, samples
 
 
 def cpu_model() -> str:
