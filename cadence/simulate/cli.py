@@ -15,7 +15,7 @@ from cadence.config import ConfigError
 from cadence.simulate.config import SimConfig, load_sim_config, presets
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Simulate an RLVR run on a GPU cluster: sync vs async, scaling, split, alpha, tails.")
+                  help="Simulate an RL run on a GPU cluster: sync vs async, scaling, split, alpha, tails, agentic episodes.")
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Overrides like cluster.gpus=64.")]
 Preset = Annotated[str, typer.Option("--preset", "-p", help="Starting setup (see `cadence simulate presets`).")]
@@ -25,7 +25,7 @@ DEFAULT_PRESET = "qwen3-8b-think"
 
 @app.callback()
 def _group() -> None:
-    """Simulate an RLVR run on a GPU cluster: sync vs async, scaling, split, alpha, tails."""
+    """Simulate an RL run on a GPU cluster: sync vs async, scaling, split, alpha, tails, agentic episodes."""
 
 
 def _config(preset: str, config: str | None, overrides: list[str] | None) -> SimConfig:
@@ -118,3 +118,32 @@ def tail(
 
     rows = sweeps.tail(_config(preset, config, overrides), _numbers(sigmas, float, "--sigmas"), _progress)
     _show(rows, ["sigma", "train_gpus", "sync_samples_per_s", "async_samples_per_s", "async_over_sync"])
+
+
+@app.command()
+def agentic(
+    overrides: Overrides = None, preset: Annotated[str, typer.Option("--preset", "-p")] = "alfworld",
+    config: ConfigOpt = None,
+    redundancy: Annotated[int, typer.Option(help="Extra episodes per group in the redundancy step.")] = 2,
+    extra_groups: Annotated[int, typer.Option(help="Extra groups per worker in the redundancy step.")] = 1,
+    alpha_: Annotated[int, typer.Option("--alpha", help="Asynchronous ratio of the last step.")] = 2,
+) -> None:
+    """Agentic episodes: lock-step sync, then env-level async, redundancy and alpha on top."""
+    from cadence.simulate import sweeps
+
+    rows = sweeps.agentic(_config(preset, config, overrides), redundancy, extra_groups, alpha_, _progress)
+    _show(rows, ["setting", "train_gpus", "step_s", "samples_per_s", "x_lockstep", "x_previous", "engine_busy",
+                 "staleness"])
+
+
+@app.command("env-latency")
+def env_latency(
+    overrides: Overrides = None, preset: Annotated[str, typer.Option("--preset", "-p")] = "alfworld",
+    config: ConfigOpt = None,
+    means: Annotated[str, typer.Option(help="Mean (= std) seconds of an environment step.")] = "0,1,5,10",
+) -> None:
+    """Lock-step against env-level async as environment steps get slower."""
+    from cadence.simulate import sweeps
+
+    rows = sweeps.env_latency(_config(preset, config, overrides), _numbers(means, float, "--means"), _progress)
+    _show(rows, ["latency_s", "lockstep_step_s", "async_step_s", "async_over_lockstep"])

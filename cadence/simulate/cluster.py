@@ -84,6 +84,7 @@ class SimResult:
     tokens_per_s: float = 0.0
     step_s: float = 0.0
     cpu_s: float = 0.0  # CPU seconds the simulation took (not virtual time)
+    counts: dict[str, float] = field(default_factory=dict)  # agentic runs: episodes, lost/<kind>, turns, ...
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,21 +189,29 @@ class ClusterSim:
         return result
 
     def _result(self) -> SimResult:
-        cfg, warm = self.cfg, self.cfg.run.warmup_steps
-        measured = self.records[warm:]
-        start = self.records[warm - 1].end_s if warm else 0.0
-        elapsed = self.records[-1].end_s - start
-        replicas = sum(self.layout.replicas_per_worker)
-        busy = sum(w.busy_seconds() for w in self.workers)
-        return SimResult(
-            gpus=cfg.cluster.gpus, rollout_gpus=self.layout.rollout_gpus, train_gpus=self.layout.train_gpus,
-            alpha=cfg.cluster.alpha, colocate=cfg.cluster.colocate, tick_tokens=self.k, steps=self.records,
-            warmup_steps=warm, engine_busy_fraction=busy / (replicas * self.records[-1].end_s),
-            samples_per_s=sum(r.samples for r in measured) / elapsed,
-            tokens_per_s=sum(r.response_tokens for r in measured) / elapsed,
-            step_s=elapsed / len(measured),
-        )
+        return summarise(self.cfg, self.layout, self.records, self.k, sum(w.busy_seconds() for w in self.workers))
+
+
+def summarise(cfg: SimConfig, lay: Layout, records: list[StepRecord], k: int, engine_busy_s: float) -> SimResult:
+    """Throughput over the measured steps (after the warm-up ones) and the engines' busy share."""
+    warm = cfg.run.warmup_steps
+    measured = records[warm:]
+    start = records[warm - 1].end_s if warm else 0.0
+    elapsed = records[-1].end_s - start
+    return SimResult(
+        gpus=cfg.cluster.gpus, rollout_gpus=lay.rollout_gpus, train_gpus=lay.train_gpus,
+        alpha=cfg.cluster.alpha, colocate=cfg.cluster.colocate, tick_tokens=k, steps=records,
+        warmup_steps=warm, engine_busy_fraction=engine_busy_s / (sum(lay.replicas_per_worker) * records[-1].end_s),
+        samples_per_s=sum(r.samples for r in measured) / elapsed,
+        tokens_per_s=sum(r.response_tokens for r in measured) / elapsed,
+        step_s=elapsed / len(measured),
+    )
 
 
 def simulate(cfg: SimConfig) -> SimResult:
+    """One run: an RLVR one, or an agentic one when `cfg.env` is set."""
+    if cfg.env is not None:
+        from cadence.simulate.agentic import AgenticSim
+
+        return AgenticSim(cfg).run()
     return ClusterSim(cfg).run()

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cadence.config import ConfigError, _explain, apply_override, parse_override, read_yaml
+from cadence.envs.config import LatencyConfig
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -107,6 +108,44 @@ class ClusterSpec(_Section):
         return self
 
 
+class EnvSpec(_Section):
+    """Agentic episodes (`cadence simulate agentic`): turns of generation, then an environment step.
+
+    The workload's length fields then describe one turn's response, `prompt_tokens` the first
+    observation and `prompts_per_step` the groups of episodes per step (each group_size episodes
+    on one environment seed)."""
+
+    turns: int = Field(10, ge=1, description="Most turns of an episode (each a generation and an environment step).")
+    min_turns: int | None = Field(
+        None, ge=1, description="Fewest turns: each episode ends after a number drawn uniformly from "
+        "[min_turns, turns] (an agent that succeeds early). None: every episode takes `turns`."
+    )
+    observation_tokens: int = Field(256, ge=1, description="Tokens the environment appends after each turn.")
+    latency: LatencyConfig = Field(
+        default_factory=LatencyConfig, description="Seconds each environment step takes: cadence's latency "
+        "model (cadence/envs/latency.py): max(0, N(mean_s, std_s)), x fail_slow_factor for a fail-slow "
+        "step, never for a fail-stop one."
+    )
+    step_timeout_s: float = Field(
+        120.0, gt=0, description="An environment step longer than this loses its episode (a fail-stop "
+        "step always does); the group retries it on a fresh environment."
+    )
+    mode: Literal["async", "lockstep"] = Field(
+        "async", description="async: every episode its own coroutine (environment-level async); "
+        "lockstep: a step's episodes advance turn by turn together (rollout.env_mode=lockstep)."
+    )
+    redundancy: int = Field(0, ge=0, description="Extra episodes per group; the first group_size to finish are kept.")
+    extra_groups: int = Field(
+        0, ge=0, description="Extra groups in flight per worker; the trainer takes the first to finish."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvSpec:
+        if self.min_turns is not None and self.min_turns > self.turns:
+            raise ValueError(f"min_turns={self.min_turns} is above turns={self.turns}")
+        return self
+
+
 class RunSpec(_Section):
     steps: int = Field(6, ge=1, description="Training steps measured.")
     warmup_steps: int = Field(3, ge=0, description="Steps run first and not measured (the pipeline fills).")
@@ -125,6 +164,10 @@ class SimConfig(_Section):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     run: RunSpec = Field(default_factory=RunSpec)
+    env: EnvSpec | None = Field(
+        None, description="Agentic episodes with environment latency (`cadence simulate agentic`); "
+        "None: an RLVR run."
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> SimConfig:

@@ -84,13 +84,23 @@ def response_moment(w: WorkloadSpec, n: int) -> float:
     return below + cap**n * (1 - phi((math.log(cap) - mu) / s))
 
 
+def mean_context_tokens(cfg: SimConfig) -> float:
+    """Tokens a running sequence holds on average: prompt + mean response; for an agentic
+    episode, its first observation plus half of its turns' responses and observations."""
+    w, env = cfg.workload, cfg.env
+    if env is None:
+        return w.prompt_tokens + response_moment(w, 1)
+    mean_turns = ((env.min_turns or env.turns) + env.turns) / 2
+    return w.prompt_tokens + mean_turns * (response_moment(w, 1) + env.observation_tokens) / 2
+
+
 def replica_slots(cfg: SimConfig) -> int:
     """Sequences one replica holds: KV memory over a mean sequence, at most max_num_seqs."""
     m, ro = cfg.model, cfg.rollout
     free = ro.tp * cfg.gpu.memory_gib * 2**30 * ro.memory_utilization - weight_bytes(m)
     if free <= 0:
         raise ValueError(f"{m.name} does not fit on {ro.tp} x {cfg.gpu.name}: raise rollout.tp")
-    per_seq = (cfg.workload.prompt_tokens + response_moment(cfg.workload, 1)) * kv_bytes_per_token(m)
+    per_seq = mean_context_tokens(cfg) * kv_bytes_per_token(m)
     return max(1, min(ro.max_num_seqs, int(free / per_seq)))
 
 

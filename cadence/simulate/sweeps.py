@@ -128,3 +128,52 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# -- agentic runs (cfg.env set) -------------------------------------------------------------
+
+def lockstep(cfg: SimConfig) -> SimConfig:
+    """The synchronous agentic baseline: lock-step turns, colocated, alpha = 0, no redundancy."""
+    return variant(synchronous(cfg), {"env.mode": "lockstep", "env.redundancy": 0, "env.extra_groups": 0})
+
+
+def agentic(cfg: SimConfig, redundancy: int = 2, extra_groups: int = 1, alpha_: int = 2,
+            progress: Progress = _quiet) -> list[dict]:
+    """The agentic techniques one on top of the other, each against lock-step sync:
+    env-level async (colocated, alpha 0), + redundant environments (`redundancy` episodes and
+    `extra_groups` groups more), + asynchronous training (alpha, beta*'s split)."""
+    sync = synchronous(cfg)
+    steps = [
+        ("lock-step sync", lockstep(cfg)),
+        ("env-level async", variant(sync, {"env.mode": "async", "env.redundancy": 0, "env.extra_groups": 0})),
+        (f"+ redundancy ({redundancy} episodes, {extra_groups} group)",
+         variant(sync, {"env.mode": "async", "env.redundancy": redundancy, "env.extra_groups": extra_groups})),
+        (f"+ async training (alpha {alpha_})",
+         variant(cfg, {"env.mode": "async", "env.redundancy": redundancy, "env.extra_groups": extra_groups,
+                       "cluster.colocate": False, "cluster.alpha": alpha_})),
+    ]
+    rows: list[dict] = []
+    for name, c in steps:
+        r = simulate(c)
+        progress(f"{name}: {r.step_s:.0f} s a step, {r.samples_per_s:.3f} episodes/s")
+        rows.append({"setting": name, "train_gpus": r.train_gpus, "step_s": r.step_s,
+                     "samples_per_s": r.samples_per_s, "engine_busy": r.engine_busy_fraction,
+                     "staleness": _staleness(r), "episodes_cancelled": r.counts.get("cancelled", 0),
+                     "cpu_s": r.cpu_s})
+    for before, row in zip([None, *rows], rows, strict=False):
+        row["x_lockstep"] = row["samples_per_s"] / rows[0]["samples_per_s"]
+        row["x_previous"] = row["samples_per_s"] / before["samples_per_s"] if before else 1.0
+    return rows
+
+
+def env_latency(cfg: SimConfig, means: list[float], progress: Progress = _quiet) -> list[dict]:
+    """Lock-step against env-level async (both synchronous training) as environment steps slow
+    down: latency N(mean, mean), clipped at 0."""
+    rows = []
+    for m in means:
+        c = variant(cfg, {"env.latency.mean_s": m, "env.latency.std_s": m})
+        lock, asy = simulate(lockstep(c)), simulate(variant(synchronous(c), {"env.mode": "async"}))
+        progress(f"latency {m:g} s: lock-step {lock.step_s:.0f} s, async {asy.step_s:.0f} s a step")
+        rows.append({"latency_s": m, "lockstep_step_s": lock.step_s, "async_step_s": asy.step_s,
+                     "async_over_lockstep": asy.samples_per_s / lock.samples_per_s})
+    return rows

@@ -31,7 +31,7 @@ from cadence.simulate.stand_ins import CoinReward, LengthTokenizer, blank_prompt
 NEVER_STALE = 10**9
 
 
-class _NoTimeline:
+class NoTimeline:
     """The dashboard's span recorder, switched off: virtual time has no wall-clock spans."""
 
     def enter(self, state: str, step: int | None = None) -> None:
@@ -95,7 +95,7 @@ class SimRolloutWorker(RolloutWorker):
         self._thread = None
         self._error = None
         self._born = 0.0
-        self.timeline = _NoTimeline()
+        self.timeline = NoTimeline()
 
     def step(self) -> tuple[bool, float]:
         """One producer round; (False: nothing to do until new weights, its seconds)."""
