@@ -149,26 +149,36 @@ def ratio_to(rows: list[dict], row: dict, variant: str) -> float:
     return row["episodes_per_s"] / base["episodes_per_s"]
 
 
+def setting(meta: dict, key: str) -> str:
+    """The value the runs had for override `key` (the last one wins, as in load_config)."""
+    given = [o for o in [*meta["settings"]["common"], *meta["settings"]["quick"]] if o.startswith(f"{key}=")]
+    return given[-1].split("=", 1)[1]
+
+
 def markdown(result: dict) -> str:
     meta, rows, sweep = result["meta"], result["rows"], result["sweep"]
+    mean = float(setting(meta, "env.latency.mean_s"))
     lines = [
         f"Measured {meta['date']} on {meta['machine']} (2 cores shared with other work: 1-minute load "
         f"average {meta['loadavg_before'][0]:.1f} before, {meta['loadavg_after'][0]:.1f} after), "
-        f"{meta['steps']} training steps per run, the first {meta['warmup']} not timed; "
-        f"{meta['batch_episodes']} episodes a step, up to 4 turns, step latency "
-        f"N({LATENCY_MEAN_S:g} s, {LATENCY_MEAN_S:g} s), 5% fail-slow (x10), 1% fail-stop "
-        f"(10 s step timeout). Reproduce with `{meta['command']}` "
-        f"(`docs/results/env_async.json` has every run).",
+        f"{meta['steps']} training steps per run ({meta.get('sweep_steps', meta['steps'])} in the sweep), "
+        f"the first {meta['warmup']} not timed; {meta['batch_episodes']} episodes a step, "
+        f"{setting(meta, 'env.max_turns')} turns each, step latency N({mean:g} s, {mean:g} s), 5% fail-slow "
+        f"(x10), 1% fail-stop ({float(setting(meta, 'env.step_timeout_s')):g} s step timeout). Reproduce with `{meta['command']}` "
+        f"(`docs/results/env_async.json` has every run and every step).",
         "",
         "| engine | variant | alpha | episodes/s | x lock-step (alpha 0) | x async (alpha 0) | engine busy "
-        "| step s | trainer idle s/step | step timeouts (run) | episodes cancelled (run) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step s (fastest-slowest) | train s/step | trainer idle s/step | step timeouts (run) "
+        "| episodes cancelled (run) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        each = r.get("step_seconds_each", [r["step_seconds"]])
         lines.append(
             f"| {r['engine']} | {r['variant']} | {r['alpha']} | {r['episodes_per_s']:.2f} | "
             f"{ratio_to(rows, r, 'lock-step sync'):.2f}x | {ratio_to(rows, r, 'env-level async'):.2f}x | "
-            f"{r['engine_busy_fraction']:.0%} | {r['step_seconds']:.1f} | {r['trainer_idle_s']:.1f} | "
+            f"{r['engine_busy_fraction']:.0%} | {r['step_seconds']:.1f} ({min(each):.0f}-{max(each):.0f}) | "
+            f"{r['train_seconds']:.1f} | {r['trainer_idle_s']:.1f} | "
             f"{r['episodes_lost_timeout']:.0f} | {r['episodes_cancelled']:.0f} |"
         )
     if sweep:
@@ -229,8 +239,6 @@ def main() -> None:
         "steps": steps,
         "sweep_steps": args.sweep_steps,
         "warmup": warmup,
-        "max_turns": MAX_TURNS,
-        "latency_mean_s": LATENCY_MEAN_S,
         "batch_episodes": rows[0]["batch_episodes"],
         "settings": {"common": COMMON, "engines": ENGINES, "quick": extra},
         "loadavg_before": list(load_before),
