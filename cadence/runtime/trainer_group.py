@@ -4,9 +4,11 @@
   runtime.kind=inline  N processes on this machine started with
                        torch.multiprocessing (spawn), talking to this one over pipes
   runtime.kind=ray     N Ray actors in one placement group, one bundle of
-                       `runtime.trainer_cpus` CPUs (and `trainer_gpus` GPUs) per rank
-The ranks join one process group (gloo: the trainer computes on CPU) at rank 0's address
-and each builds its own `PolicyTrainer` with a `DataParallel` view of the group.
+                       `runtime.trainer_cpus` CPUs (and `trainer_gpus` GPUs, 1 when
+                       unset and trainer.device is cuda) per rank
+The ranks join one process group at rank 0's address (NCCL when `trainer.device` is cuda,
+each rank on its own GPU; gloo on CPU) and each builds its own `PolicyTrainer` with a
+`DataParallel` view of the group.
 The driver (the recipe) sends every rank the same call with the whole batch;
 the ranks split the work among themselves (`cadence.train.data_parallel`) and
 answer identically, so the driver keeps rank 0's answer.
@@ -31,6 +33,7 @@ from cadence.rollout.sample import Group
 from cadence.runtime.config import RuntimeConfig
 from cadence.train.config import TrainerConfig
 from cadence.train.data_parallel import DataParallel
+from cadence.train.device import rank_device, wants_cuda
 
 # Builds one rank's trainer; must pickle (a module-level function or a functools.partial of one).
 Build = Callable[[DataParallel], Any]
@@ -45,9 +48,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class TrainerRank:
     """One rank: joins the group, builds its trainer, runs the driver's calls on it."""
 
-    def __init__(self, rank: int, world: int, build: Build, strategy: str, cpu_offload: bool, threads: int) -> None:
+    def __init__(
+        self, rank: int, world: int, build: Build, strategy: str, cpu_offload: bool, threads: int, device: str
+    ) -> None:
         self.rank, self.world = rank, world
         self.build, self.strategy, self.cpu_offload, self.threads = build, strategy, cpu_offload, threads
+        self.device = device  # trainer.device, resolved in the rank's process (the GPUs it sees)
         self.trainer: Any = None
 
     def address(self) -> str:
@@ -57,12 +63,14 @@ class TrainerRank:
         ip = ray.util.get_node_ip_address()
         return f"tcp://{ip}:{free_port(ip)}"
 
-    def join(self, init_method: str, backend: str) -> None:
+    def join(self, init_method: str) -> None:
         import torch.distributed as dist
 
         torch.set_num_threads(self.threads)
+        device = rank_device(self.device, self.rank)
+        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world)
-        self.trainer = self.build(DataParallel(self.rank, self.world, self.strategy, self.cpu_offload))
+        self.trainer = self.build(DataParallel(self.rank, self.world, self.strategy, self.cpu_offload, device))
 
     def call(self, method: str, *args: Any) -> Any:
         # Ray may hand over tensors backed by its shared object store; a rank owns its copies.
@@ -88,10 +96,10 @@ def receive(conn: Any) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _serve(conn: Any, rank: TrainerRank, init_method: str, backend: str) -> None:
+def _serve(conn: Any, rank: TrainerRank, init_method: str) -> None:
     """A spawned rank's main loop: (method, args) in, ("ok", result) or ("error", text) out."""
     try:
-        rank.join(init_method, backend)
+        rank.join(init_method)
         send(conn, ("ok", None))
         while True:
             method, args = receive(conn)
@@ -136,22 +144,27 @@ class TrainerGroup:
         self.world = runtime.trainer_workers
         self.model = model
         self.kind = runtime.kind
-        # The trainer computes on CPU (as the one-process trainer does): gloo. NCCL needs the policy
-        # and batches on the rank's GPU, which PolicyTrainer does not place yet.
-        backend = "gloo"
         threads = max(1, int(runtime.trainer_cpus)) if self.kind == "ray" else 1
         ranks = [
-            TrainerRank(r, self.world, build, trainer_cfg.strategy, trainer_cfg.cpu_offload, threads)
+            TrainerRank(r, self.world, build, trainer_cfg.strategy, trainer_cfg.cpu_offload, threads, trainer_cfg.device)
             for r in range(self.world)
         ]
+        cuda = wants_cuda(trainer_cfg.device)
         if self.kind == "ray":
-            self._start_ray(ranks, runtime, backend)
+            # A CUDA rank needs a GPU of its own: one each unless runtime.trainer_gpus says otherwise.
+            self._start_ray(ranks, runtime, runtime.trainer_gpus or (1 if cuda else 0))
         else:
-            self._start_processes(ranks, backend)
+            if cuda and self.world > torch.cuda.device_count():
+                raise ValueError(
+                    f"runtime.trainer_workers={self.world} with trainer.device={trainer_cfg.device} needs a GPU per "
+                    f"rank (this machine has {torch.cuda.device_count()}); lower runtime.trainer_workers or set "
+                    "trainer.device=cpu"
+                )
+            self._start_processes(ranks)
         self.version = 0
 
     # -- starting the ranks ------------------------------------------------------
-    def _start_processes(self, ranks: list[TrainerRank], backend: str) -> None:
+    def _start_processes(self, ranks: list[TrainerRank]) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -159,13 +172,13 @@ class TrainerGroup:
         self.conns, self.procs = [], []
         for rank in ranks:
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(theirs, rank, init, backend), daemon=True)
+            proc = ctx.Process(target=_serve, args=(theirs, rank, init), daemon=True)
             proc.start()
             self.conns.append(ours)
             self.procs.append(proc)
         self._answers()  # every rank joined (or the first failure is raised)
 
-    def _start_ray(self, ranks: list[TrainerRank], runtime: RuntimeConfig, backend: str) -> None:
+    def _start_ray(self, ranks: list[TrainerRank], runtime: RuntimeConfig, gpus: float) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -173,7 +186,7 @@ class TrainerGroup:
         if not ray.is_initialized():
             ray.init(address=runtime.address, include_dashboard=False, logging_level="ERROR")
         bundle = {
-            "CPU": runtime.trainer_cpus, **({"GPU": runtime.trainer_gpus} if runtime.trainer_gpus else {}),
+            "CPU": runtime.trainer_cpus, **({"GPU": gpus} if gpus else {}),
             **runtime.trainer_resources,
         }
         cannot = (
@@ -192,13 +205,13 @@ class TrainerGroup:
         self.actors = [
             actor.options(
                 num_cpus=runtime.trainer_cpus,
-                num_gpus=runtime.trainer_gpus,
+                num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(rank.rank, rank.world, rank.build, rank.strategy, rank.cpu_offload, rank.threads)
+            ).remote(rank.rank, rank.world, rank.build, rank.strategy, rank.cpu_offload, rank.threads, rank.device)
             for i, rank in enumerate(ranks)
         ]
         init = ray.get(self.actors[0].address.remote())
-        ray.get([a.join.remote(init, backend) for a in self.actors])
+        ray.get([a.join.remote(init) for a in self.actors])
 
     # -- calling every rank ------------------------------------------------------
     def _answers(self) -> list[Any]:

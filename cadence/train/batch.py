@@ -36,6 +36,9 @@ class TrainBatch:
     def select(self, rows: Tensor | slice) -> TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
     def trimmed(self) -> TrainBatch:
         """The same rows without trailing columns that are padding in every row."""
         width = int(self.attention_mask.sum(1).max())
@@ -72,26 +75,29 @@ def flatten(groups: list[Group]) -> list[Sample]:
     return [s for g in groups for s in g.samples]
 
 
-def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
+def collate(samples: list[Sample], pad_id: int, device: torch.device | str = "cpu") -> TrainBatch:
+    """The samples as one right-padded batch on `device`: built row by row in host memory, then
+    moved in one copy per tensor (not one per row)."""
+    host = torch.device("cpu")
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     width = max(lengths)
     n = len(samples)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width - 1))
-    behaviour = torch.zeros((n, width - 1))
-    start = torch.zeros(n, dtype=torch.long)
-    token_rewards = torch.zeros((n, width - 1))
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long, device=host)
+    attention = torch.zeros((n, width), dtype=torch.long, device=host)
+    mask = torch.zeros((n, width - 1), device=host)
+    behaviour = torch.zeros((n, width - 1), device=host)
+    start = torch.zeros(n, dtype=torch.long, device=host)
+    token_rewards = torch.zeros((n, width - 1), device=host)
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, device=host)
         attention[i, : p + r] = 1
         # Only the model's tokens are trained on; an episode's observation tokens are context.
-        mask[i, p - 1 : p - 1 + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
-        behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        mask[i, p - 1 : p - 1 + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32, device=host)
+        behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32, device=host)
         start[i] = p - 1
         if s.token_rewards is not None:
-            token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(s.token_rewards, dtype=torch.float32)
+            token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(s.token_rewards, dtype=torch.float32, device=host)
         elif r > 0:
             token_rewards[i, p - 2 + r] = s.reward
     return TrainBatch(
@@ -99,9 +105,9 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         attention_mask=attention,
         mask=mask,
         behaviour_logprobs=behaviour,
-        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
-        group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
-        versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=host),
+        group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long, device=host),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long, device=host),
         response_start=start,
         token_rewards=token_rewards,
-    )
+    ).to(device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TrainerConfig(BaseModel):
@@ -40,6 +40,21 @@ class TrainerConfig(BaseModel):
         False, description="trainer.strategy=fsdp: keep the sharded weights and optimizer state in CPU memory "
         "between uses (saves accelerator memory; no effect on a CPU-only run)."
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the trainer computes (policy, reference, critics, actor_attn, batches): "
+        "'auto' is cuda when this machine has a GPU, else cpu. Data-parallel ranks on cuda use NCCL "
+        "(one GPU each), on cpu gloo. Weights leave the trainer on CPU either way."
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _cuda_is_there(cls, device: str) -> str:
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("torch sees no CUDA GPU on this machine; set trainer.device=cpu or auto")
+        return device
 
 
 class CheckpointConfig(BaseModel):

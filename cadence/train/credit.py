@@ -44,6 +44,11 @@ class AttentionCredit:
         self.actor_attn = ActorAttention(policy, layers=cfg.layers)
         self.last_seconds = 0.0
 
+    def to(self, device: torch.device) -> AttentionCredit:
+        """actor_attn onto the trainer's device."""
+        self.actor_attn.model.to(device)
+        return self
+
     def sync(self, policy: PreTrainedModel, version: int) -> None:
         self.sync_weights(policy.state_dict(), version)
 
@@ -73,7 +78,7 @@ class AttentionCredit:
         self.last_seconds = time.perf_counter() - start
         full = torch.ones_like(batch.mask)
         for row, (g, first) in enumerate(zip(gammas, batch.response_start.tolist(), strict=True)):
-            full[row, first : first + g.numel()] = g.to(full.dtype)
+            full[row, first : first + g.numel()] = g.to(full)  # actor_attn hands gammas back on CPU
         gammas = full
         metrics = credit_metrics(gammas, batch.mask)
         metrics["rhythm/attention_seconds"] = self.last_seconds
@@ -111,6 +116,7 @@ class RemoteCredit:
         self._call("sync_weights", {k: v.detach().cpu() for k, v in policy.state_dict().items()}, version)
 
     def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
-        gammas, metrics = self._call("gammas", batch)
+        gammas, metrics = self._call("gammas", batch.to("cpu"))  # the object store holds host memory
+        gammas = gammas.to(batch.mask.device)
         self.last_seconds = metrics["rhythm/attention_seconds"]
         return gammas, metrics

@@ -59,6 +59,12 @@ class CriticEnsemble:
     def num_parameters(self) -> int:
         return sum(c.num_parameters() for c in self.critics)
 
+    def to(self, device: torch.device) -> CriticEnsemble:
+        """Critics onto the trainer's device (before their optimizers hold any state)."""
+        for critic in self.critics:
+            critic.to(device)
+        return self
+
     def _forward(self, critic: ValueModel, batch: TrainBatch) -> Tensor:
         return critic(batch.input_ids, batch.attention_mask)[:, :-1]
 
@@ -98,7 +104,7 @@ class CriticEnsemble:
                 loss_sum += loss.item()
             if self.dp is not None:
                 self.dp.reduce_grads(critic.parameters())
-                loss_sum = float(self.dp.all_sum(torch.tensor([loss_sum], dtype=torch.float64))[0])
+                loss_sum = float(self.dp.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=self.dp.device))[0])
             torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
             opt.step()
             metrics[f"critic/value_loss_{m}"] = loss_sum
@@ -142,11 +148,12 @@ class RemoteCritics:
         self._call = remote_object(make, cpus, resources)
         self.num_critics = cfg.num_critics
 
+    # Batches travel on CPU (the object store holds host memory); values come back to the batch's device.
     def values(self, batch: TrainBatch) -> Tensor:
-        return self._call("values", batch)
+        return self._call("values", batch.to("cpu")).to(batch.mask.device)
 
     def update(self, batch: TrainBatch, returns: Tensor, old_values: Tensor) -> dict[str, float]:
-        return self._call("update", batch, returns, old_values)
+        return self._call("update", batch.to("cpu"), returns.cpu(), old_values.cpu())
 
     def num_parameters(self) -> int:
         return self._call("num_parameters")

@@ -14,10 +14,12 @@ Row-wise passes (pi_old, pi_ref, critic values, attention-rhythm gammas) run on
 each rank's share and are gathered back into full-batch tensors.
 
 strategy=ddp wraps the policy in DistributedDataParallel; strategy=fsdp shards
-it with FSDP2 (`fully_shard` on every decoder layer, then the root), optionally
-keeping parameters and optimizer state in CPU memory. FSDP runs collectives in
-every forward, so all ranks run the same number of micro-batches (a rank with
-fewer repeats one with zero loss weight).
+it with FSDP2 (`fully_shard` on every decoder layer, then the root, over a 1-D
+device mesh of the rank's device type), optionally keeping parameters and
+optimizer state in CPU memory. FSDP runs collectives in every forward, so all
+ranks run the same number of micro-batches (a rank with fewer repeats one with
+zero loss weight). Collectives take tensors on the rank's device (NCCL moves
+only GPU memory), so every tensor built here is made there.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 class DataParallel:
-    """Rank `rank` of `world` in the default process group."""
+    """Rank `rank` of `world` in the default process group, computing on `device`."""
 
-    def __init__(self, rank: int, world: int, strategy: Strategy = "ddp", cpu_offload: bool = False) -> None:
+    def __init__(
+        self, rank: int, world: int, strategy: Strategy = "ddp", cpu_offload: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.rank, self.world = rank, world
+        self.device = torch.device(device)
         self.strategy = strategy
         self.cpu_offload = cpu_offload
 
@@ -59,7 +65,9 @@ class DataParallel:
         """DDP wrapper, or the same module sharded in place by FSDP2."""
         if self.strategy == "ddp":
             # The buffers (rotary frequencies) never change: no per-forward broadcast.
-            return nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+            ids = [self.device] if self.device.type == "cuda" else None
+            return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         layers = decoder_layers(model)
@@ -69,10 +77,12 @@ class DataParallel:
                 "(its _no_split_modules names none); use trainer.strategy=ddp"
             )
         # Pinned host memory speeds copies to a GPU; a CPU-only run has none to pin (nor to copy to).
-        policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.cpu_offload else OffloadPolicy()
+        policy = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+        # Named, not left to FSDP's default (the machine's accelerator): a CPU trainer on a GPU box.
+        mesh = init_device_mesh(self.device.type, (self.world,))
         for layer in layers:
-            fully_shard(layer, offload_policy=policy)
-        fully_shard(model, offload_policy=policy)
+            fully_shard(layer, mesh=mesh, offload_policy=policy)
+        fully_shard(model, mesh=mesh, offload_policy=policy)
         return model
 
     @contextlib.contextmanager
@@ -91,7 +101,7 @@ class DataParallel:
         real = len(parts)
         if self.strategy == "ddp":
             return parts, real
-        most = int(self.all_sum(torch.tensor([real]), op=dist.ReduceOp.MAX)[0])
+        most = int(self.all_sum(torch.tensor([real], device=self.device), op=dist.ReduceOp.MAX)[0])
         return parts + [parts[0]] * (most - real), real
 
     def full_state_dict(self, model: nn.Module, everywhere: bool = False) -> dict[str, Tensor]:
@@ -119,7 +129,7 @@ class DataParallel:
 
     def denominators(self, mask: Tensor) -> tuple[float, float]:
         """Global (tokens, sequences) of a mini-batch from this rank's share's mask."""
-        counts = torch.tensor([mask.sum(), (mask.sum(-1) > 0).sum()], dtype=torch.float64)
+        counts = torch.stack([mask.sum().double(), (mask.sum(-1) > 0).sum().double()])
         tokens, seqs = self.all_sum(counts).tolist()
         return tokens, seqs
 
@@ -135,7 +145,7 @@ class DataParallel:
     def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric summed over ranks (the trainer pre-weights them so sums are the batch's)."""
         keys = sorted(metrics)
-        values = self.all_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+        values = self.all_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device))
         return dict(zip(keys, values.tolist(), strict=True))
 
     def reduce_grads(self, params: Iterable[nn.Parameter]) -> None:

@@ -53,7 +53,7 @@ def batched_logprobs(
     repeats, whose identical results are written twice.
     """
     lengths = attention_mask.sum(1)
-    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     parts = micro_batches(lengths, micro, max_tokens)
     if even is not None:
         parts, _ = even(parts)

@@ -17,7 +17,8 @@ def token_balanced_bins(lengths: Tensor, n: int) -> list[Tensor]:
     """Split row indices into `n` bins of near-equal total length: sorted index tensors.
 
     Longest first (LPT scheduling), each row to the currently lightest bin; with at
-    least `n` rows no bin is empty. Equal lengths keep their original order.
+    least `n` rows no bin is empty. Equal lengths keep their original order. The bins
+    live on `lengths`' device (index_copy_ wants its indices beside the data).
     """
     if n < 1:
         raise ValueError(f"token_balanced_bins: n must be >= 1, got {n}")
@@ -28,7 +29,7 @@ def token_balanced_bins(lengths: Tensor, n: int) -> list[Tensor]:
         lightest = min(range(n), key=lambda b: (loads[b], b))
         bins[lightest].append(row)
         loads[lightest] += int(lengths[row])
-    return [torch.tensor(sorted(b), dtype=torch.long) for b in bins]
+    return [torch.tensor(sorted(b), dtype=torch.long, device=lengths.device) for b in bins]
 
 
 def rank_rows(rows: Tensor, lengths: Tensor, rank: int, world: int) -> Tensor:

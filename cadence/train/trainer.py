@@ -10,6 +10,10 @@ One `step(groups)` consumes one rollout batch:
      micro-batches whose losses sum exactly to the mini-batch loss;
   5. version += 1 (only if the weights changed), so the next weight sync tags new
      samples with it.
+
+Everything computes on `trainer.device` (data-parallel ranks: their own GPU):
+the models live there, the batch is moved there once, metrics come back as
+Python floats, and what leaves the trainer (weights, checkpoint state) is on CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from cadence.train.config import TrainerConfig
 from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
+from cadence.train.device import resolve_device, to_cpu
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
 
 # compute_policy_loss metrics that are sums over micro-batches (each already divided by the
@@ -76,7 +81,9 @@ class PolicyTrainer:
         dp: DataParallel | None = None,
     ) -> None:
         self.dp = dp  # None: one process, no torch.distributed
-        self.model = policy.train()  # the plain Hugging Face module
+        # A rank computes where its group does (its own GPU under NCCL).
+        self.device = dp.device if dp is not None else resolve_device(trainer_cfg.device)
+        self.model = policy.to(self.device).train()  # the plain Hugging Face module
         self.cfg = trainer_cfg
         self.algo = algo_cfg
         self.temperature = temperature
@@ -86,16 +93,17 @@ class PolicyTrainer:
         # The KL anchor is the starting policy; pass it in when resuming from a later checkpoint.
         if algo_cfg.kl.coef > 0 and reference is None:
             reference = frozen_copy(policy)
-        self.reference = reference if algo_cfg.kl.coef > 0 else None
+        self.reference = reference.to(self.device) if algo_cfg.kl.coef > 0 else None
         # Data parallel: DDP's wrapper, or the same module sharded by FSDP2 (its parameters
         # become DTensors, so the optimizer is built after this).
         self.policy = dp.wrap(policy) if dp is not None else policy
         self.critics = critics
-        if dp is not None and isinstance(critics, CriticEnsemble):
+        if isinstance(critics, CriticEnsemble):  # remote critics and credit live on their actor's device
+            critics.to(self.device)
             critics.dp = dp
         # Weights, gradients and AdamW's two moments: 16 bytes per fp32 parameter.
         self._critic_params = critics.num_parameters() if critics is not None else 0
-        self.credit = credit
+        self.credit = credit.to(self.device) if isinstance(credit, AttentionCredit) else credit
         self.optimizer = torch.optim.AdamW(
             [p for p in self.policy.parameters() if p.requires_grad],
             lr=trainer_cfg.lr,
@@ -107,7 +115,7 @@ class PolicyTrainer:
     # -- one rollout batch -------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
         start = time.perf_counter()
-        batch = collate(flatten(groups), self.pad_id)
+        batch = collate(flatten(groups), self.pad_id, self.device)
         old_logprobs = self._over_shares(self._old_logprobs, batch)
         ref_logprobs = self._over_shares(self._ref_logprobs, batch)
         advantages, masks, extra = self._advantages(batch, old_logprobs, ref_logprobs)
@@ -115,7 +123,8 @@ class PolicyTrainer:
         updates = 0
         warming_up = self.critics is not None and self.steps < self.algo.critic.warmup_steps
         for _ in range(0 if warming_up else self.cfg.epochs):
-            order = torch.randperm(len(batch))
+            # From the CPU generator, whose state checkpoints save: the same order on any device.
+            order = torch.randperm(len(batch), device="cpu").to(self.device)
             if self.dp is not None:  # ranks' RNGs drift apart (dropout): rank 0's order for all
                 order = self.dp.broadcast(order)
             for rows in order.chunk(self.cfg.mini_batches):
@@ -190,7 +199,7 @@ class PolicyTrainer:
         """A row-wise pass over the batch: on each rank's share, gathered into the whole batch's."""
         if self.dp is None:
             return fn(batch)
-        rows = self.dp.rows(torch.arange(len(batch)), batch.attention_mask.sum(1))
+        rows = self.dp.rows(torch.arange(len(batch), device=self.device), batch.attention_mask.sum(1))
         local = fn(batch.select(rows))
         return None if local is None else self.dp.gather_rows(local, rows, len(batch), dim)
 
@@ -220,10 +229,10 @@ class PolicyTrainer:
             self.credit.sync_weights(self.dp.full_state_dict(self.policy, everywhere=True), self.version)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's full weights for the engines (data parallel: a collective; rank 0's are
-        whole, the other ranks get an empty dict)."""
+        """The policy's full weights for the engines, on CPU (data parallel: a collective; rank 0's
+        are whole, the other ranks get an empty dict)."""
         if self.dp is None:
-            return self.policy.state_dict()
+            return to_cpu(self.policy.state_dict())
         return self.dp.full_state_dict(self.policy)
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
@@ -272,7 +281,7 @@ class PolicyTrainer:
         if self.dp is None:
             tokens, seqs = batch_denominators(mini.mask)
         else:  # this rank's share of the mini-batch, over the whole mini-batch's denominators
-            share = self.dp.rows(torch.arange(len(mini)), mini.attention_mask.sum(1))
+            share = self.dp.rows(torch.arange(len(mini), device=self.device), mini.attention_mask.sum(1))
             mini, advantages, rows = mini.select(share), advantages[share], rows[share]
             adv_mask = adv_mask[share] if adv_mask is not None else None
             entropy_mask = entropy_mask[share] if entropy_mask is not None else None
@@ -333,12 +342,13 @@ class PolicyTrainer:
 
     # -- state for checkpoints ----------------------------------------------
     def state_dict(self) -> dict:
+        """On CPU, so a checkpoint loads on any machine; loading casts it back to the parameters' device."""
         state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
         if self.dp is None:  # data parallel: the optimizer's shards go to `save_sharded`
             state["optimizer"] = self.optimizer.state_dict()
         if self.critics is not None:
             state["critics"] = self.critics.state_dict()
-        return state
+        return to_cpu(state)
 
     def save_sharded(self, folder: Path) -> None:
         save_sharded(self.policy, self.optimizer, folder)
