@@ -44,6 +44,7 @@ LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n
           "if sys.argv[2] == 'code':\n    import marshal\n    src = marshal.loads(src)\n"
           "else:\n    src = compile(src, 'cadence-sandbox-agent', 'exec')\nexec(src)")
 WORKSPACE = "/workspace"
+SYSTEM_PYTHON = "/usr/bin/python3"  # the unisolated fallback's interpreter when ours is private
 # Neutral paths inside a sandbox for what it is shown of the host beyond /usr (read-only).
 PYTHON_HOME = "/opt/python"  # the interpreter's installation
 SITE_ROOT = "/opt/site"  # site-packages outside it (a venv's)
@@ -229,6 +230,18 @@ def _bind_source(path: str, switching_uid: bool, stage: list[str]) -> str:
     return staging.staged_path(path)
 
 
+def _unisolated_runtime(rt: Runtime, python: str | None, switching_uid: bool) -> Runtime:
+    """Without bwrap nothing can be staged: an interpreter the sandbox's uid cannot read (a pyenv
+    in /root) is replaced by the system's, which has the standard library only."""
+    if not switching_uid or all(_others_can_use(p) for p in (rt.executable, rt.prefix)):
+        return rt
+    if python is None and os.path.exists(SYSTEM_PYTHON):
+        return python_runtime(SYSTEM_PYTHON)
+    raise IsolationUnavailable(
+        f"python={rt.executable}: the unisolated sandbox's uid cannot read it (a parent folder is "
+        f"private); give python={SYSTEM_PYTHON} or a readable interpreter, or install bubblewrap")
+
+
 def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False,
            python_packages: str = "site", mounts: tuple[Mount, ...] = ()) -> Launch:
     """The command that starts one sandbox agent, isolated by bwrap (or, with the opt-in, not)."""
@@ -244,6 +257,8 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         )
     agent, kind = _agent_payload(rt.magic)
     loader = ["-I", "-S", "-c", LOADER, str(len(agent)), kind]
+    if bwrap is None:
+        rt = _unisolated_runtime(rt, python, uid is not None)
     # Unisolated, the host's own paths are what the agent sees.
     view = python_view(rt, python_packages) if bwrap else PythonView(
         [], [], rt.executable, list(rt.site_dirs) if python_packages == "site" else [], {})
@@ -290,6 +305,7 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--proc", "/proc", "--dev", "/dev",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
+        "--remount-ro", "/",  # the root itself (/opt, the mount points): only /workspace and /tmp are writable
         "--chdir", WORKSPACE,
         view.executable, *loader,
     ]

@@ -16,7 +16,8 @@ import uuid
 import pytest
 
 import cadence.sandbox.isolation as isolation
-from cadence.sandbox import Limits, LocalSandbox, SandboxDied, cgroup
+from cadence.sandbox import Limits, LocalSandbox, SandboxDied, cgroup, staging
+from cadence.sandbox.isolation import Mount
 from tests.sandbox.conftest import needs_bwrap
 
 pytestmark = needs_bwrap
@@ -63,6 +64,48 @@ def test_read_files_planted_on_the_host(escape_box, planted):
         assert secret not in escape_box.exec(code=code).stdout
     # Nor the project checkout this test runs from.
     assert escape_box.exec(["cat", os.path.abspath(__file__)]).exit_code != 0
+
+
+def test_the_interpreter_and_hosted_code_show_nothing_else_of_the_host(monkeypatch, planted):
+    """What a hosted built-in environment's sandbox gets beyond /usr: the host interpreter (here
+    a pyenv in /root, staged for the sandbox's uid) at /opt/python and the installed cadence
+    package at /opt/code/cadence, read-only. Not /root, not the checkout around the package (its
+    tests, README, .git), not the host's /tmp, not the staging folder; and the staging mounts
+    exist in the spawner thread's namespace only, not on the host."""
+    if UNISOLATED:
+        monkeypatch.setattr(isolation, "bwrap_path", lambda: None)
+    import cadence
+
+    secret, _ = planted
+    package = os.path.dirname(os.path.abspath(cadence.__file__))
+    checkout = os.path.dirname(package)
+    sb = LocalSandbox(LIMITS, allow_unisolated=UNISOLATED, mounts=(Mount(package, "/opt/code/cadence"),)).start()
+    try:
+        usable = sb.exec(code="import sys; sys.path.insert(0, '/opt/code'); import cadence; print(cadence.__file__)")
+        assert usable.stdout == "/opt/code/cadence/__init__.py\n", usable.stderr
+        listing = sb.exec(code="import os; print(sorted(os.listdir('/'))); print(sorted(os.listdir('/opt')));"
+                               "print(os.listdir('/opt/code')); print(os.listdir('/tmp'))").stdout.splitlines()
+        assert set(eval(listing[0])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "opt", "proc", "sbin",
+                                         "tmp", "usr", "workspace"}, listing[0]
+        assert set(eval(listing[1])) <= {"code", "python", "site"} and listing[2:] == ["['cadence']", "[]"]
+        for path in ("/root", os.path.expanduser("~"), checkout, os.path.join(checkout, "README.md"),
+                     os.path.abspath(__file__), "/opt/code/cadence/../README.md", "/opt/code/tests",
+                     "/opt/python/../../root", "/proc/1/root/root", staging._root or "/tmp/cadence-sandbox-stage-x"):
+            r = sb.exec(f"ls -d {path} && cat {path}")
+            assert r.exit_code != 0 and secret not in r.stdout, path
+        found = sb.exec("find / -path /proc -prune -o -path /usr -prune -o -path /opt/python -prune "
+                        "-o -name '*cadence_escape*' -print 2>/dev/null").stdout
+        assert found == "", found
+        for target in ("/opt/python/pwned", "/opt/code/cadence/pwned", "/opt/code/pwned"):
+            assert sb.exec(f"echo pwned > {target}").exit_code != 0, target
+        assert not os.path.exists(os.path.join(package, "pwned"))
+    finally:
+        sb.stop()
+    with open("/proc/self/mountinfo") as f:  # this test's main thread: the host's mount table
+        assert "cadence-sandbox-stage" not in f.read()
+    for entry in os.listdir(staging._root) if staging._root else []:  # empty mount points only
+        full = os.path.join(staging._root, entry)
+        assert (os.listdir(full) == []) if os.path.isdir(full) else os.path.getsize(full) == 0
 
 
 def test_write_outside(escape_box, tmp_path):

@@ -94,3 +94,133 @@ def test_bad_specs_are_one_line_errors(service):
         HostedEnv(url, token, source=SOURCE, class_name="os.system").start()
     with pytest.raises(SandboxError, match="SyntaxError"):
         HostedEnv(url, token, source="def (", class_name="X").start()
+
+
+def test_builtin_frozenlake_by_name_steps_like_the_local_one(service):
+    """A registry environment (gymnasium inside): only the installed cadence package is mounted."""
+    from cadence.envs.frozenlake import FrozenLakeEnv
+
+    url, token, _ = service
+    local = FrozenLakeEnv(size=4, slippery=True)
+    env = HostedEnv(url, token, name="frozenlake", kwargs={"size": 4, "slippery": True}).start()
+    try:
+        for seed in (0, 7):
+            assert env.reset(seed) == local.reset(seed)
+            for action in ("Right", "Down", "Right", "Down", "Down", "Right"):
+                got, want = env.step(action), local.step(action)
+                assert got == want
+                if got[2] or got[3]:
+                    break
+    finally:
+        env.close()
+
+
+NUMPY_ENV = '''
+import os
+import numpy as np
+
+class Walk:
+    """A numpy random walk: the target is drawn from the seed; the sibling file stays unseen."""
+    def reset(self, seed):
+        self.target = int(np.random.default_rng(seed).integers(0, 100))
+        return "guess", {"numpy": np.__version__}
+
+    def step(self, action):
+        if action == "snoop":
+            return open(os.path.join(os.path.dirname(__file__), "secret.txt")).read(), 0.0, True, False, {}
+        guess = int(action)
+        return ("right" if guess == self.target else "wrong"), np.float32(guess == self.target), \\
+            np.bool_(guess == self.target), False, {}
+'''
+
+
+def test_user_python_file_env_importing_numpy_is_hosted_and_sees_only_its_file(service, tmp_path):
+    import numpy as np
+
+    url, token, _ = service
+    path = tmp_path / "walk_env.py"  # under pytest's private tmp folder (mode 700): staged as root
+    path.write_text(NUMPY_ENV)
+    (tmp_path / "secret.txt").write_text("not for the sandbox")
+    env = HostedEnv(url, token, name=f"python:{path}:Walk").start()
+    try:
+        obs, info = env.reset(3)
+        assert info == {"numpy": np.__version__}
+        target = int(np.random.default_rng(3).integers(0, 100))
+        assert env.step(str(target + 1)) == ("wrong", 0.0, False, False, {})
+        assert env.step(str(target)) == ("right", 1.0, True, False, {})  # numpy scalars cross as JSON
+        with pytest.raises(SandboxError, match="FileNotFoundError"):
+            env.step("snoop")
+    finally:
+        env.close()
+
+
+def test_a_module_env_by_name_and_bad_names(service):
+    url, token, _ = service
+    env = HostedEnv(url, token, name="python:tests.agentic_envs:Parity").start()
+    try:
+        assert isinstance(env.reset(0)[0], str)
+    finally:
+        env.close()
+    with pytest.raises(SandboxError, match="no module 'nope'"):
+        HostedEnv(url, token, name="python:nope.mod:X").start()
+    with pytest.raises(SandboxError, match="not a built-in"):
+        HostedEnv(url, token, name="frozenlak").start()
+    with pytest.raises(SandboxError, match="no Python file"):
+        HostedEnv(url, token, name="python:/nonexistent/env.py:X").start()
+    with pytest.raises(SandboxError, match="either source"):
+        HostedEnv(url, token, name="frozenlake", source="x = 1", class_name="X")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["frozenlake", "numpy_file"])
+def test_agentic_training_steps_hosted_environments_through_the_service(service, env_name, tmp_path):
+    """`cadence train` with env.name=python:cadence.sandbox.hosted_env:HostedEnv: every reset and
+    step of the rollout goes over HTTP into a sandbox (the registry's frozenlake, and a user file
+    that imports numpy)."""
+    import json
+
+    from cadence.config import load_config
+    from cadence.recipes.train_rlvr import train
+    from tests.quick_run import QUICK_RUN
+
+    url, token, _ = service
+    if env_name == "numpy_file":
+        (tmp_path / "walk_env.py").write_text(NUMPY_ENV)
+        hosted = [f"env.kwargs.name=python:{tmp_path / 'walk_env.py'}:Walk"]
+    else:
+        hosted = ["env.kwargs.name=frozenlake", "env.kwargs.kwargs.rules=false"]
+    cfg = load_config(None, [
+        *QUICK_RUN, "env.name=python:cadence.sandbox.hosted_env:HostedEnv", *hosted,
+        f"env.kwargs.url={url}", f"env.kwargs.token={token}", "env.action_tag=null", "env.max_turns=2",
+        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=3",
+        "trainer.steps=2", f"logging.run_dir={tmp_path}/run",
+    ])
+    made_before = _envs_made(url, token)
+    summary = train(cfg)
+    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
+    last = steps[-1]
+    assert last["rollout/episodes_total"] >= 2 * 4 and last["rollout/turns_per_episode"] == 2
+    lost = {k: v for k, v in last.items() if k.startswith("rollout/episodes_lost") or k == "rollout/episodes_retried_total"}
+    assert lost and not any(lost.values()), lost
+    assert _envs_made(url, token) > made_before  # the environments lived on the service
+
+
+def _envs_made(url: str, token: str) -> int:
+    """Sandboxes the service cold-started (each hosted environment takes one)."""
+    import httpx
+
+    events = httpx.get(f"{url}/v1/events", params={"limit": 10000},
+                       headers={"Authorization": f"Bearer {token}"}).json()
+    return sum(e["reason"].startswith("acquired (cold start)") for e in events)
+
+
+def test_a_service_without_site_packages_cannot_host_a_numpy_env(tmp_path):
+    """python_packages=none (the config option, from the service's command line): the standard
+    library only, and the failure is a one-line error naming the missing module."""
+    path = tmp_path / "walk_env.py"
+    path.write_text(NUMPY_ENV)
+    with running_service(str(tmp_path), "--warm", "0", "--python-packages", "none") as (url, token, _):
+        with pytest.raises(SandboxError, match="making python:.* failed: ModuleNotFoundError: No module named 'numpy'"):
+            HostedEnv(url, token, name=f"python:{path}:Walk").start()
+        assert HostedEnv(url, token, source=SOURCE, class_name="Counter").start().reset(1)[0] == "guess 0..9"

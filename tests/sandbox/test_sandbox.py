@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import warnings
 
 import pytest
@@ -175,14 +178,49 @@ def test_agent_exits_when_its_host_goes_away_during_start():
     (it once spun forever on the EOF, orphaned, at full CPU)."""
     import subprocess
 
+    from cadence.sandbox import sandbox
+
     spec = isolation.launch(Limits())
     kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
-    proc = subprocess.Popen(spec.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, **kw)
+    err = tempfile.TemporaryFile()
+    # From the spawner thread: it holds the staged interpreter (a pyenv under /root, as root).
+    proc = sandbox._SPAWNER.submit(sandbox._popen, 0, spec.stage, spec.argv, stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, **kw).result()
     proc.stdin.write(spec.preamble[:100])  # part of the agent, then the host "dies"
     proc.stdin.close()
     try:
         assert proc.wait(timeout=60) != 0
+        err.seek(0)
+        assert b"bwrap" not in err.read()  # the agent itself gave up, not bwrap
     finally:
         proc.kill()
         proc.wait()
+        err.close()
+
+
+def test_the_host_interpreter_and_its_packages_are_there_read_only():
+    """The Python running cadence (here a pyenv under /root, which the sandbox's uid could not
+    read: staged) is the sandbox's, at a neutral path, with its site-packages importable from
+    code and from commands, and nothing of it writable."""
+    import numpy
+
+    with LocalSandbox(Limits(wall_s=20, cpu_s=20)) as sb:
+        r = sb.exec(code="import sys, numpy; print(sys.version); print(sys.executable); print(numpy.__file__)")
+        version, exe, numpy_file = r.stdout.strip().splitlines()
+        assert version == sys.version
+        if not sys.base_prefix.startswith("/usr"):
+            assert exe.startswith(isolation.PYTHON_HOME + "/") and numpy_file.startswith(isolation.PYTHON_HOME + "/")
+        assert sb.exec("python3 -c 'import numpy; print(numpy.__version__)'").stdout.strip() == numpy.__version__
+        w = sb.exec(f"touch {os.path.dirname(numpy_file)}/x {os.path.dirname(exe)}/x")
+        assert w.exit_code != 0 and "Read-only file system" in w.stderr
+        assert not os.path.exists(os.path.join(os.path.dirname(numpy.__file__), "x"))
+
+
+def test_python_packages_none_is_the_standard_library_only():
+    with LocalSandbox(Limits(wall_s=20, cpu_s=20), python_packages="none") as sb:
+        assert "No module named 'numpy'" in sb.exec(code="import numpy").stderr
+        assert sb.exec("python3 -c 'import numpy'").exit_code != 0
+        r = sb.exec(code="import json, site, os; print(sum(len(os.listdir(d)) for d in site.getsitepackages() if os.path.isdir(d)))")
+        assert r.stdout == "0\n"  # the site-packages folders are covered up, not just off sys.path
+    with pytest.raises(ValueError, match="python_packages"):
+        LocalSandbox(python_packages="all").start()

@@ -102,3 +102,10 @@ def test_on_the_service(tmp_path, monkeypatch):
         monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", "wrong")
         with pytest.raises(ValueError, match="401"):
             reward(url=url)
+
+
+def test_solutions_may_import_the_interpreters_packages():
+    """The sandbox runs the host interpreter with its site-packages (read-only): numpy works."""
+    prompt = Prompt("np:1", "Write mean(xs).", "", {"tests": ["assert mean([1, 2, 3]) == 2.0", "assert mean([4]) == 4.0"]})
+    solution = "```python\nimport numpy as np\n\ndef mean(xs):\n    return float(np.mean(xs))\n```"
+    assert reward(test_timeout_s=10.0)(prompt, solution) == 1.0
