@@ -60,3 +60,21 @@ def test_impossible_batch_arithmetic(tiny_llama_dir):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_runtime_cross_checks_take_only_the_sections_they_read():
+    """`check_runtime` runs on the sections alone (no RunConfig), with load_config's messages."""
+    from cadence.algo.config import AlgorithmConfig
+    from cadence.rollout.config import RolloutConfig
+    from cadence.runtime.config import RuntimeConfig, check_runtime
+    from cadence.train.config import TrainerConfig
+
+    check_runtime(RuntimeConfig(), RolloutConfig(), TrainerConfig(), AlgorithmConfig())  # the defaults fit
+    with pytest.raises(ValueError, match=r"runtime.rollout_workers > 1 needs runtime.kind=ray"):
+        check_runtime(RuntimeConfig(rollout_workers=2), RolloutConfig(), TrainerConfig(), AlgorithmConfig())
+    few_prompts = RolloutConfig(prompts_per_step=2, replicate_prompts=False)
+    with pytest.raises(ValueError, match="rollout.prompts_per_step=2 is smaller than runtime.rollout_workers=4"):
+        check_runtime(RuntimeConfig(kind="ray", rollout_workers=4), few_prompts, TrainerConfig(), AlgorithmConfig())
+    with pytest.raises(ConfigError, match="rollout.prompts_per_step=2 is smaller than runtime.rollout_workers=4"):
+        load_config(None, ["runtime.kind=ray", "runtime.rollout_workers=4", "rollout.prompts_per_step=2",
+                           "rollout.replicate_prompts=false"])
