@@ -3,6 +3,11 @@
 Everything is validated when the config loads, before a model is read or a
 process started: unknown keys, wrong types, a missing model folder and batch
 arithmetic that cannot work are reported with the field's dotted name and a fix.
+
+Each section's fields live beside the component that reads them
+(`cadence/rollout/config.py`, `cadence/runtime/config.py`, ...); this file
+holds the run as a whole, the checks that span sections, and loading
+(reading YAML and overrides: `cadence/yaml_config.py`).
 """
 
 from __future__ import annotations
