@@ -51,19 +51,32 @@ def test_the_end_of_turn_token_is_appended_only_when_the_model_did_not_sample_it
 @pytest.mark.parametrize("style", ["qwen2", "llama3"])
 def test_a_chat_episode_is_the_last_context_plus_output_and_reads_as_the_template(style):
     tok = chat_tokenizer(style)
-    eot = tok.convert_tokens_to_ids(tok.eos_token)
-    engine = EmbeddedEngine(chat_model(style, tok, eot_bias=2.5), tok, seed=0)
-    hub = RecordingHub([engine])
+    hub = RecordingHub([EmbeddedEngine(chat_model(style, tok, eot_bias=2.5), tok, seed=0)])
+    ended_by_model, ended_by_length = check_chat_episodes(tok, hub, play_chat_episodes(hub, tok))
+    # Both ways a turn ends were exercised: the model's end-of-turn token, and max_new_tokens.
+    assert ended_by_model > 0 and ended_by_length > 0
+
+
+def play_chat_episodes(hub: RecordingHub, tok, episodes: int = 4) -> list:
+    """`episodes` three-turn Echo episodes at once through `hub`, in the chat template with a
+    system prompt, 4 sampled tokens a turn."""
     turns = ChatTurns("be brief")
     params = SamplingParams(max_new_tokens=4, temperature=1.0)
 
-    async def episodes():
+    async def play():
         return await asyncio.gather(*[
             run_episode(hub, EnvRunner(Echo, action_tag=None), tok, params, seed, f"e{seed}", turns=turns)
-            for seed in range(4)
+            for seed in range(episodes)
         ])
 
-    played = asyncio.run(hub.serving(episodes()))
+    return asyncio.run(hub.serving(play()))
+
+
+def check_chat_episodes(tok, hub: RecordingHub, played: list) -> tuple[int, int]:
+    """Each Echo episode `played[seed]` (system prompt "be brief") is its last turn's context plus
+    output, id for id, and reads as the template renders the conversation. Returns how many of
+    the first two turns ended with the model's end-of-turn token, and how many ran out of tokens."""
+    eot = tok.convert_tokens_to_ids(tok.eos_token)
     ended_by_model = ended_by_length = 0
     for seed, episode in enumerate(played):
         assert episode.ok and episode.turns == 3
@@ -90,8 +103,7 @@ def test_a_chat_episode_is_the_last_context_plus_output_and_reads_as_the_templat
         for k, text in enumerate(texts):
             expected = expected.replace(MARK.format(k), text)
         assert _text(tok, sample.prompt_ids + sample.response_ids) == expected
-    # Both ways a turn ends were exercised: the model's end-of-turn token, and max_new_tokens.
-    assert ended_by_model > 0 and ended_by_length > 0
+    return ended_by_model, ended_by_length
 
 
 def test_auto_picks_the_chat_template_when_the_tokenizer_has_one():
