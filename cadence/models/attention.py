@@ -263,8 +263,10 @@ class ActorAttention:
         if b == 0:
             return [], []
         micro_batch = micro_batch or cfg.micro_batch
-        starts = torch.as_tensor(response_start).long().flatten().cpu()
-        lengths = torch.as_tensor(lengths).long().flatten().cpu()
+        # Row bookkeeping (checks, dedup, grouping) is host work; `maps` moves each micro-batch
+        # to the model's device.
+        starts = torch.as_tensor(response_start, device="cpu").long().flatten()
+        lengths = torch.as_tensor(lengths, device="cpu").long().flatten()
         if starts.numel() != b or lengths.numel() != b:
             raise ValueError(f"{starts.numel()} starts and {lengths.numel()} lengths for {b} rows")
         width = int(lengths.max())
@@ -279,13 +281,13 @@ class ActorAttention:
         # Tokens past a row's length are padding whatever their value: blank them so
         # that they neither split duplicates nor reach the forward.
         ids = input_ids[:, :width].cpu().long()
-        ids = ids.masked_fill(torch.arange(width) >= lengths[:, None], pad_id)
+        ids = ids.masked_fill(torch.arange(width, device="cpu") >= lengths[:, None], pad_id)
         key = torch.cat([ids, starts[:, None], lengths[:, None]], dim=1)
         unique, inverse = torch.unique(key, dim=0, return_inverse=True)
         u_ids, u_start, u_len = unique[:, :width], unique[:, width], unique[:, width + 1]
         order = torch.argsort(u_len, stable=True)
 
-        u_gammas: list[torch.Tensor] = [torch.empty(0)] * len(unique)
+        u_gammas: list[torch.Tensor] = [torch.empty(0, device="cpu")] * len(unique)
         u_infos: list[dict] = [{}] * len(unique)
         for lo in range(0, len(order), micro_batch):
             rows = order[lo : lo + micro_batch]
