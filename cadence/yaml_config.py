@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -62,10 +62,18 @@ def _suggest(loc: tuple, schema: type[BaseModel]) -> str:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return ""
-        model = field.annotation
+        model = _section(field.annotation)
     names = list(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(str(loc[-1]), names, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+
+
+def _section(annotation: Any) -> Any:
+    """The schema inside an optional section (`EnvConfig | None`), else `annotation` itself."""
+    for arg in get_args(annotation):
+        if hasattr(arg, "model_fields"):
+            return arg
+    return annotation
 
 
 def read_yaml(path: str | os.PathLike) -> dict:

@@ -78,3 +78,11 @@ def test_runtime_cross_checks_take_only_the_sections_they_read():
     with pytest.raises(ConfigError, match="rollout.prompts_per_step=2 is smaller than runtime.rollout_workers=4"):
         load_config(None, ["runtime.kind=ray", "runtime.rollout_workers=4", "rollout.prompts_per_step=2",
                            "rollout.replicate_prompts=false"])
+
+
+def test_unknown_key_in_an_optional_section_gets_a_suggestion():
+    """`env` and `rollout.simulate_lengths` are `X | None`: the hint still names the closest field."""
+    with pytest.raises(ConfigError, match=r"env.max_turn: unknown key; did you mean 'max_turns'\?"):
+        load_config(None, ["env.name=frozenlake", "env.max_turn=3"])
+    with pytest.raises(ConfigError, match=r"rollout.simulate_lengths.sigmaa: unknown key; did you mean 'sigma'\?"):
+        load_config(None, ["rollout.simulate_lengths.sigmaa=1"])
