@@ -1,8 +1,9 @@
 """The process that lives inside a sandbox and runs what the host asks for.
 
-Standard library only: `python -I -S -c LOADER N` reads this source (N bytes) from stdin and
-runs it, inside bubblewrap (or, in the rlimits-only fallback, directly); the config is the first
-frame after it. The host talks to it over the agent's stdin/stdout with length-prefixed frames:
+Standard library only: `python -I -S -c LOADER N` reads the agent (N bytes: agent_base.py and
+agent_sessions.py, installed under their module names, then this module, run as __main__) from
+stdin and runs it, inside bubblewrap (or, in the rlimits-only fallback, directly); the config is
+the first frame after it. The host talks to it over the agent's stdin/stdout with length-prefixed frames:
 marshal from the host, JSON back (the host never unmarshals what the sandbox wrote). The agent
 itself runs no user code: it forks a child per call (a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
 the sandbox's rlimits in the child, and enforces the wall clock from outside. A persistent Python
@@ -10,123 +11,30 @@ session (state kept across calls) is one more forked child that stays alive.
 """
 
 # Only modules that import nothing heavy (json, base64, traceback and signal pull in re or enum:
-# tens of ms of cold start): marshal for what the host sends, a small JSON writer for replies.
-import _json
+# tens of ms of cold start): marshal for what the host sends, a small JSON writer for replies
+# (agent_base).
 import _signal as signal
 import binascii
-import fcntl
 import io
-import marshal
 import os
 import resource
 import select
-import struct
 import sys
 import time
 
+from cadence.sandbox.agent_base import CFG, apply_limits, high_fds, kill_group, recv, run_code, send
+from cadence.sandbox.agent_sessions import Session, read_status_line, shell_call
+
 MAX_OUTPUT = 1 << 20  # bytes of stdout/stderr kept per call; the rest is drained and dropped
-CFG: dict = {}
 PROTO_IN = PROTO_OUT = -1
-
-
-def to_json(obj) -> str:
-    """JSON for the host (which parses replies as JSON: the sandbox is on the untrusted side)."""
-    if isinstance(obj, str):
-        return _json.encode_basestring_ascii(obj)
-    if obj is None or isinstance(obj, bool):
-        return {None: "null", True: "true", False: "false"}[obj]
-    if isinstance(obj, int | float):
-        return repr(obj)
-    if isinstance(obj, dict):
-        return "{" + ",".join(f"{to_json(str(k))}:{to_json(v)}" for k, v in obj.items()) + "}"
-    if isinstance(obj, list | tuple):
-        return "[" + ",".join(map(to_json, obj)) + "]"
-    raise TypeError(f"cannot send {type(obj).__name__}")
-
-
-def send(fd: int, obj: dict, as_json: bool = False) -> None:
-    data = to_json(obj).encode() if as_json else marshal.dumps(obj, 4)
-    msg = struct.pack(">I", len(data)) + data
-    while msg:
-        msg = msg[os.write(fd, msg):]
-
-
-def recv(fd: int) -> dict | None:
-    """A marshal frame: from the host, or between the agent and its session (same sandbox)."""
-    head = _read_exact(fd, 4)
-    if head is None:
-        return None
-    body = _read_exact(fd, struct.unpack(">I", head)[0])
-    return None if body is None else marshal.loads(body)
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
-def apply_limits(cpu_s: float | None) -> None:
-    """rlimits for a child (never the agent, so a limit hit by user code leaves the agent up)."""
-    lim = CFG["limits"]
-    pairs = [
-        (resource.RLIMIT_AS, lim["memory_mb"] << 20),
-        (resource.RLIMIT_NOFILE, lim["open_files"]),
-        (resource.RLIMIT_FSIZE, lim["file_size_mb"] << 20),
-        (resource.RLIMIT_CORE, 0),
-    ]
-    # RLIMIT_NPROC counts every process of the real uid: the host gives each sandbox its own uid
-    # where it can (nproc_base 0), else the limit comes on top of what the uid already runs.
-    pairs.append((resource.RLIMIT_NPROC, lim["processes"] + CFG["nproc_base"]))
-    if cpu_s is not None:
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        base = int(used.ru_utime + used.ru_stime)
-        pairs.append((resource.RLIMIT_CPU, (base + int(cpu_s), base + int(cpu_s) + 1)))
-    for what, value in pairs:
-        resource.setrlimit(what, value if isinstance(value, tuple) else (value, value))
 
 
 def _child_setup(stdin_fd: int, out_fd: int, err_fd: int) -> None:
     os.setsid()
-    for target, fd in enumerate(_high(stdin_fd, out_fd, err_fd)):
+    for target, fd in enumerate(high_fds(stdin_fd, out_fd, err_fd)):
         os.dup2(fd, target)
     os.closerange(3, 1 << 16)
     os.chdir(CFG["workspace"])
-
-
-def run_code(code: str) -> int:
-    """Run Python source in the current process; returns the exit code a `python -c` would."""
-    try:
-        exec(compile(code, "<sandbox>", "exec"), SESSION_GLOBALS)
-        return 0
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return e.code or 0
-        print(e.code, file=sys.stderr)
-        return 1
-    except MemoryError:
-        _print_exc()
-        return 137  # reported as a memory limit hit
-    except BaseException:
-        _print_exc()
-        return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
-SESSION_GLOBALS: dict = {"__name__": "__main__"}
-
-
-def _print_exc() -> None:
-    import traceback  # only on this path: its imports cost more than the rest of the agent
-
-    _, exc, tb = sys.exc_info()
-    traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)  # not run_code's frame
 
 
 def spawn(req: dict) -> tuple[int, int, int, int]:
@@ -160,119 +68,6 @@ def spawn(req: dict) -> tuple[int, int, int, int]:
     for fd in (in_r, out_w, err_w):
         os.close(fd)
     return pid, in_w, out_r, err_r
-
-
-class Session:
-    """A long-lived forked child that keeps its state across calls: a Python session (globals)
-    or a shell (working directory, variables, functions)."""
-
-    def __init__(self, shell: bool = False) -> None:
-        cin_r, self.cin = os.pipe()
-        self.cout, cout_w = os.pipe()
-        self.out, out_w = os.pipe()
-        self.err, err_w = os.pipe()
-        self.shell = shell
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                (shell_child if shell else session_child)(cin_r, cout_w, out_w, err_w)
-            finally:
-                os._exit(1)
-        for fd in (cin_r, cout_w, out_w, err_w):
-            os.close(fd)
-
-    def close(self) -> None:
-        for fd in (self.cin, self.cout, self.out, self.err):
-            os.close(fd)
-        _kill(self.pid)
-
-
-def session_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.setsid()
-    for target, fd in enumerate(_high(null, out_w, err_w, cin_r, cout_w)):
-        os.dup2(fd, target)
-    os.closerange(5, 1 << 16)
-    os.chdir(CFG["workspace"])
-    apply_limits(None)
-    os.environ.clear()
-    os.environ.update(CFG["env"])
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
-    while True:
-        req = recv(3)
-        if req is None:
-            os._exit(0)
-        sys.stdin = io.StringIO(req.get("stdin") or "")
-        apply_cpu(req["cpu_s"])
-        code = run_code(req["code"])
-        send(4, {"exit_code": code})
-
-
-def shell_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
-    """The shell session: commands on fd 0 (one line per call, see shell_call), output on 1 and
-    2, and each call's exit status as a line on fd 3."""
-    os.setsid()
-    for target, fd in enumerate(_high(cin_r, out_w, err_w, cout_w)):
-        os.dup2(fd, target)
-    os.closerange(4, 1 << 16)
-    os.chdir(CFG["workspace"])
-    apply_limits(None)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-    os.execve(shell, [shell, "--norc", "--noprofile"] if shell.endswith("bash") else [shell], CFG["env"])
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def shell_call(s: Session, req: dict) -> None:
-    """Send one call to the shell session. The command goes through a file and is sourced (`.`),
-    so cd, variables and functions stay in the shell; its stdin comes from a file, so a command
-    that reads stdin cannot eat the shell's own command stream."""
-    cmd = req["cmd"] if isinstance(req["cmd"], str) else " ".join(map(_quote, req["cmd"]))
-    env = "".join(f"export {k}={_quote(v)}\n" for k, v in (req.get("env") or {}).items() if k.isidentifier())
-    cmd_file, in_file = (os.path.join(CFG["workspace"], name) for name in (".cadence_shell_cmd", ".cadence_shell_in"))
-    with open(cmd_file, "w") as f:
-        f.write(env + cmd + "\n")
-    with open(in_file, "w") as f:
-        f.write(req.get("stdin") or "")
-    os.write(s.cin, f". {_quote(cmd_file)} < {_quote(in_file)}; printf '%d\\n' \"$?\" >&3\n".encode())
-
-
-def read_status_line(fd: int) -> dict | None:
-    """The shell's `printf '%d\\n' $?` (one short write, so one read)."""
-    line = os.read(fd, 64).strip()
-    return {"exit_code": int(line)} if line else None
-
-
-def apply_cpu(cpu_s: float | None) -> None:
-    if cpu_s is None:
-        return
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(used.ru_utime + used.ru_stime + cpu_s) + 1
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-
-
-def _high(*fds: int) -> list[int]:
-    """Copies of fds numbered >= 100, so dup2 onto 0..4 cannot clobber one still needed."""
-    return [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def sweep(keep: set[int]) -> None:
@@ -460,7 +255,7 @@ def do_exec(req: dict) -> dict:
         pid, in_w, out_r, err_r = spawn(req)
         res = collect(pid, in_w, stdin, out_r, err_r, deadline)
         if res["timed_out"]:
-            _kill(pid)
+            kill_group(pid)
             sweep(_session_pids())
         status = res.get("status")
         if status is None:
@@ -507,9 +302,9 @@ def handle(req: dict) -> dict:
 
 
 def main() -> None:
-    global CFG, PROTO_IN, PROTO_OUT
-    PROTO_IN, PROTO_OUT = _high(0, 1)
-    CFG = recv(PROTO_IN)  # the host sends the config right after this source
+    global PROTO_IN, PROTO_OUT
+    PROTO_IN, PROTO_OUT = high_fds(0, 1)
+    CFG.update(recv(PROTO_IN))  # the host sends the config right after the agent's modules
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1):
         os.dup2(null, fd)

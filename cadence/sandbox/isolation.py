@@ -34,15 +34,20 @@ from dataclasses import dataclass, field
 from cadence.sandbox import staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
 
-AGENT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
-# Reads exactly N bytes of agent source from fd 0 (no buffered reader: it could swallow the config
-# frame that follows) and runs it; exits if the host is gone first (an EOF must not spin).
-# The agent comes compiled (a marshalled code object, when the sandbox's Python has the host's
-# bytecode magic: saves compiling it at every start) or as source.
+SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
+# The agent's modules, dependencies first; the last one runs as __main__ (see agent.py).
+AGENT_MODULES = ("agent_base", "agent_sessions", "agent")
+# Reads exactly N bytes of agent from fd 0 (no buffered reader: it could swallow the config frame
+# that follows) and runs it; exits if the host is gone first (an EOF must not spin). The agent is
+# a marshalled list of (module name, code): compiled code objects when the sandbox's Python has
+# the host's bytecode magic (saves compiling at every start), else source. Every module but the
+# last is installed under its name in sys.modules, so their imports of each other just work.
 LOADER = ("import os, sys\nn, src = int(sys.argv[1]), b''\nwhile len(src) < n:\n    chunk = os.read(0, n - len(src))\n"
           "    if not chunk:\n        sys.exit(1)  # the host went away before sending it\n    src += chunk\n"
-          "if sys.argv[2] == 'code':\n    import marshal\n    src = marshal.loads(src)\n"
-          "else:\n    src = compile(src, 'cadence-sandbox-agent', 'exec')\nexec(src)")
+          "import marshal\n*_deps, (_n, _main) = marshal.loads(src)\n"
+          "def _code(part):\n    return compile(part, 'cadence-sandbox-agent', 'exec') if isinstance(part, bytes) else part\n"
+          "for _n, _part in _deps:\n    _m = sys.modules[_n] = type(sys)(_n)\n    exec(_code(_part), _m.__dict__)\n"
+          "exec(_code(_main))")
 WORKSPACE = "/workspace"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the unisolated fallback's interpreter when ours is private
 # Neutral paths inside a sandbox for what it is shown of the host beyond /usr (read-only).
@@ -65,7 +70,7 @@ class Launch:
     argv: list[str]
     user: int | None
     isolated: bool
-    preamble: bytes  # written to the agent's stdin first: its own source (see LOADER)
+    preamble: bytes  # written to the agent's stdin first: the agent itself (see LOADER)
     config: dict
     workspace_host: str | None = None  # the unisolated fallback's host folder
     env: dict[str, str] = field(default_factory=dict)
@@ -174,13 +179,16 @@ def python_view(rt: Runtime, packages: str) -> PythonView:
 
 
 @functools.lru_cache(maxsize=2)
-def _agent_payload(magic: str) -> tuple[bytes, str]:
-    """The agent for a sandbox Python with this bytecode magic: compiled if it is ours."""
-    with open(AGENT_SRC, "rb") as f:  # sent over stdin: no host path to bind or to reach
-        src = f.read()
-    if magic == importlib.util.MAGIC_NUMBER.hex():
-        return marshal.dumps(compile(src, "cadence-sandbox-agent", "exec")), "code"
-    return src, "source"
+def _agent_payload(magic: str) -> bytes:
+    """The agent for a sandbox Python with this bytecode magic: compiled if it is ours. Sent over
+    stdin: no host path to bind or to reach."""
+    parts = []
+    for name in AGENT_MODULES:
+        with open(os.path.join(SANDBOX_DIR, f"{name}.py"), "rb") as f:
+            src = f.read()
+        same = magic == importlib.util.MAGIC_NUMBER.hex()
+        parts.append((f"cadence.sandbox.{name}", compile(src, f"cadence-sandbox-{name}", "exec") if same else src))
+    return marshal.dumps(parts, 4)
 
 
 def bwrap_path() -> str | None:
@@ -255,10 +263,10 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
             "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap), or pass "
             "allow_unisolated=True / --allow-unisolated for an rlimits-only sandbox without isolation"
         )
-    agent, kind = _agent_payload(rt.magic)
-    loader = ["-I", "-S", "-c", LOADER, str(len(agent)), kind]
     if bwrap is None:
         rt = _unisolated_runtime(rt, python, uid is not None)
+    agent = _agent_payload(rt.magic)
+    loader = ["-I", "-S", "-c", LOADER, str(len(agent))]
     # Unisolated, the host's own paths are what the agent sees.
     view = python_view(rt, python_packages) if bwrap else PythonView(
         [], [], rt.executable, list(rt.site_dirs) if python_packages == "site" else [], {})

@@ -163,14 +163,20 @@ def test_sandbox_outlives_the_thread_that_started_it():
 
 
 def test_agent_from_source_when_bytecode_differs(monkeypatch):
-    """A sandbox Python of another version gets the agent as source (compiled code only fits
-    the host's bytecode magic)."""
-    with open(isolation.AGENT_SRC, "rb") as f:
-        src = f.read()
-    assert isolation._agent_payload("00000000") == (src, "source")
-    monkeypatch.setattr(isolation, "_agent_payload", lambda magic: (src, "source"))
+    """A sandbox Python of another version gets the agent's modules as source (compiled code
+    only fits the host's bytecode magic)."""
+    import marshal
+
+    payload = isolation._agent_payload("00000000")
+    parts = marshal.loads(payload)
+    assert [name for name, _ in parts] == [f"cadence.sandbox.{m}" for m in isolation.AGENT_MODULES]
+    for (_, src), module in zip(parts, isolation.AGENT_MODULES, strict=True):
+        with open(os.path.join(isolation.SANDBOX_DIR, f"{module}.py"), "rb") as f:
+            assert src == f.read()
+    monkeypatch.setattr(isolation, "_agent_payload", lambda magic: payload)
     with LocalSandbox() as sb:
         assert sb.exec(code="print(6 * 7)").stdout == "42\n"
+        assert sb.exec("echo $((6 * 7))", session=True).stdout == "42\n"  # agent_sessions came too
 
 
 def test_agent_exits_when_its_host_goes_away_during_start():
