@@ -45,6 +45,7 @@ class _LatencyDraws:
         fail_slow_factor: float = 10.0,
         fail_stop_share: float = 0.0,
         seed: int = 0,
+        instance: tuple[int, ...] | None = None,
     ) -> None:
         self.env = env
         self.mean_s, self.std_s = mean_s, std_s
@@ -53,7 +54,9 @@ class _LatencyDraws:
         self.seed = seed
         self.action_tag = getattr(env, "action_tag", "answer")
         self._rng = random.Random(seed)
-        self._instance = (os.getpid(), next(_INSTANCES))
+        # Which wrapper this is, in the draws' seed; a simulator names its instances itself so
+        # that a run's draws do not depend on what else this process made before.
+        self._instance = instance if instance is not None else (os.getpid(), next(_INSTANCES))
 
     def _start_episode(self, episode_seed: int) -> None:
         self._rng = random.Random(stable_hash("latency", self.seed, episode_seed, *self._instance))

@@ -110,7 +110,7 @@ class SimEpisodeWorker(EpisodeWorker):
         self._env_seed += 1
         e = self.env
         inner = TurnsEnv(e.min_turns or e.turns, e.turns, self._env_seed)
-        return with_latency(inner, **e.latency.model_dump())
+        return with_latency(inner, **e.latency.model_dump(), instance=(self.index, self._env_seed))
 
     def busy_seconds(self) -> float:
         return sum(e.stats()["busy_s"] for e in self.engines)

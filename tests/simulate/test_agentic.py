@@ -96,3 +96,10 @@ def test_simulate_agentic_prints_the_ladder():
     assert "| lock-step sync |" in result.output and "+ async training (alpha 1)" in result.output
     result = CliRunner().invoke(app, ["simulate", "agentic", "env.turnz=3"])
     assert result.exit_code == 2 and "env.turnz: unknown key" in result.output
+
+
+def test_an_agentic_run_repeats_exactly_and_the_seed_matters():
+    noisy = ["env.latency.mean_s=5", "env.latency.std_s=5", *SYNC]
+    one = _run(*noisy)
+    assert _run(*noisy).step_s == one.step_s  # the latency draws do not depend on earlier runs
+    assert _run(*noisy, "run.seed=1").step_s != one.step_s
