@@ -134,7 +134,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         counters = state["counters"]
         eval_before = state.get("eval_before")
         set_rng_state(state["rng"])
-        workers.update_weights(policy.state_dict(), trainer.version)
+        workers.update_weights(trainer.weights(), trainer.version)  # on CPU whatever trainer.device
         workers.load_state_dict(state["workers"], trainer.version)
         print(f"resumed from step {start_step} ({run_dir})")
     elif cfg.eval.before:
