@@ -23,7 +23,7 @@ import threading
 from cadence.sandbox.models import IsolationUnavailable
 
 CLONE_NEWNS = 0x00020000
-MS_BIND, MS_REC, MS_SLAVE = 4096, 16384, 1 << 19
+MS_BIND, MS_REC, MS_SLAVE, MNT_DETACH = 4096, 16384, 1 << 19, 2
 
 _lock = threading.Lock()
 _root: str | None = None  # this process's staging folder
@@ -76,12 +76,19 @@ def mount_staged(host_paths: list[str]) -> None:
             _libc_call("unshare", CLONE_NEWNS)  # this thread only (a thread may: it implies CLONE_FS)
             # Slave: host mounts still reach us, ours never reach the host.
             _libc_call("mount", b"none", b"/", None, MS_REC | MS_SLAVE, None)
-            _thread.private, _thread.mounted = True, set()
+            _thread.private, _thread.mounted = True, {}  # host path -> file version (None: a folder)
         for path in host_paths:
             real = os.path.realpath(path)
-            if real not in _thread.mounted:
-                _libc_call("mount", real.encode(), staged_path(real).encode(), None, MS_BIND | MS_REC, None)
-                _thread.mounted.add(real)
+            point = staged_path(real)
+            st = os.stat(real)
+            version = None if os.path.isdir(real) else (st.st_dev, st.st_ino, st.st_mtime_ns)
+            if real in _thread.mounted:
+                if _thread.mounted[real] == version:
+                    continue
+                # A file bind pins its inode: an edited file (often a new inode) is bound again.
+                _libc_call("umount2", point.encode(), MNT_DETACH)
+            _libc_call("mount", real.encode(), point.encode(), None, MS_BIND | MS_REC, None)
+            _thread.mounted[real] = version
     except OSError as e:
         raise IsolationUnavailable(
             f"cannot stage {host_paths[0]} for the sandbox's uid ({e}): the sandbox service needs "

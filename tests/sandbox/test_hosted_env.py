@@ -3,6 +3,8 @@ snooping environment is contained and re-made."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from cadence.envs.contract import TextEnv
@@ -224,3 +226,20 @@ def test_a_service_without_site_packages_cannot_host_a_numpy_env(tmp_path):
         with pytest.raises(SandboxError, match="making python:.* failed: ModuleNotFoundError: No module named 'numpy'"):
             HostedEnv(url, token, name=f"python:{path}:Walk").start()
         assert HostedEnv(url, token, source=SOURCE, class_name="Counter").start().reset(1)[0] == "guess 0..9"
+
+
+def test_an_edited_env_file_is_what_the_next_env_runs(service, tmp_path):
+    """A file is staged for the sandbox's uid by a bind mount, which pins the file's inode: an
+    edit (here a new file renamed over it, as editors save) must reach the next environment."""
+    url, token, _ = service
+    path = tmp_path / "version_env.py"
+    for version in (1, 2):
+        new = tmp_path / "version_env.py.new"
+        new.write_text(f"class V:\n    def reset(self, seed):\n        return 'v{version}', {{}}\n"
+                       "    def step(self, action):\n        return '', 0.0, True, False, {}\n")
+        os.replace(new, path)
+        env = HostedEnv(url, token, name=f"python:{path}:V").start()
+        try:
+            assert env.reset(0)[0] == f"v{version}"
+        finally:
+            env.close()
