@@ -100,6 +100,8 @@ def run_comparisons() -> list[dict]:
 LATENCY = "agentic-latency"
 ALFWORLD = "alfworld"
 SWE = "swe"
+# Training GPUs tried (of 16) for the last rung of each ladder; beta* knows no environment time.
+SPLITS = [2, 4, 6, 8]
 
 
 def _ladder_entry(name: str, paper: float, rows: list[dict], index: int, column: str, setup: dict, claim: str) -> dict:
@@ -118,7 +120,7 @@ def run_agentic() -> dict:
         tried.append({"turns": turns, "lockstep_step_s": r.step_s})
     best = min(tried, key=lambda t: abs(t["lockstep_step_s"] - 892))
     setup = {"preset": LATENCY, "overrides": [f"env.turns={best['turns']}"], "fit": tried}
-    rows = sweeps.agentic(load_sim_config(LATENCY, None, setup["overrides"]), progress=log)
+    rows = sweeps.agentic(load_sim_config(LATENCY, None, setup["overrides"]), train_gpus=SPLITS, progress=log)
     out.append(comparison("env_async_latency", 2.46, rows[1]["x_lockstep"], fitted=False, setup=setup,
                           detail={"rows": rows}, claim="env-level async / lock-step, latency N(10 s, 10 s)"))
     out.append(comparison("latency_lockstep_step", 892.0, rows[0]["step_s"], fitted=True, setup=setup,
@@ -131,7 +133,7 @@ def run_agentic() -> dict:
     ladders = {}
     for preset, end_to_end in ((ALFWORLD, 2.72), (SWE, 1.81)):
         setup = {"preset": preset, "overrides": []}
-        rows = sweeps.agentic(load_sim_config(preset), progress=log)
+        rows = sweeps.agentic(load_sim_config(preset), train_gpus=SPLITS, progress=log)
         ladders[preset] = rows
         label = "ALFWorld" if preset == ALFWORLD else "SWE"
         if preset == ALFWORLD:
@@ -152,7 +154,9 @@ def run_agentic() -> dict:
         log(f"fail-slow {share:.0%}: {plain.step_s:.0f} s -> {spare.step_s:.0f} s with redundancy")
         fail_slow.append({"fail_slow_share": share, "step_s": plain.step_s, "redundant_step_s": spare.step_s,
                           "redundancy_gain": spare.samples_per_s / plain.samples_per_s})
-    alphas = sweeps.alpha(sweeps.variant(alfworld, {"cluster.colocate": False, "cluster.alpha": 2}), [0, 1, 2, 4], log)
+    split = ladders[ALFWORLD][-1]["train_gpus"]  # the ladder's best split, kept fixed while alpha changes
+    alphas = sweeps.alpha(sweeps.variant(alfworld, {"cluster.colocate": False, "cluster.alpha": 2,
+                                                    "cluster.train_gpus": split}), [0, 1, 2, 4], log)
     return {"comparisons": out, "ladders": ladders, "latency": latency, "fail_slow": fail_slow, "alpha": alphas,
             "presets": {name: load_sim_config(name).model_dump() for name in (LATENCY, ALFWORLD, SWE)}}
 

@@ -74,6 +74,21 @@ def test_supervisor_backs_off_records_and_gives_up(tmp_path, webhook, monkeypatc
     assert [m["event"] for m in received] == ["restarting", "restarting", "failed"]
 
 
+def test_a_dead_critic_actor_is_recorded_as_the_critic_and_resumed(tmp_path, monkeypatch):
+    cfg = load_config(None, [f"logging.run_dir={tmp_path}", "runtime.max_restarts=1", "runtime.restart_backoff_s=0"])
+    died = ["Traceback (most recent call last):", '  File "critics.py", line 9, in update',
+            "cadence.runtime.remote.ActorDiedError: the critic actor died (update: The actor died unexpectedly); "
+            "its trained state lived only in it: resume the run from the last checkpoint"]
+    answers = iter([(1, died), (0, [])])
+    calls = []
+    monkeypatch.setattr(supervisor, "_run_child", lambda args: (calls.append(args), next(answers))[1])
+    assert supervisor.supervise(cfg, [], resume=False) == 0
+    assert calls == [[], ["--resume"]]  # critic and policy resume together from the checkpoint
+    (entry,) = _restarts(tmp_path)
+    assert entry["role"] == "critic" and "ActorDiedError" in entry["cause"]
+    assert supervisor.failed_role("exit code 1: RuntimeError: rank 1 died") == "trainer"
+
+
 def test_supervisor_does_not_restart_a_config_error(tmp_path, monkeypatch):
     cfg = load_config(None, [f"logging.run_dir={tmp_path}", "runtime.max_restarts=3"])
     monkeypatch.setattr(supervisor, "_run_child", lambda args: (2, ["bad field"]))

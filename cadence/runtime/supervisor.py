@@ -15,6 +15,14 @@ restarted, see `WorkerGroup._recover`), so the file is the run's one record
 of what went wrong. With `logging.webhook_url` set, a JSON POST announces
 each restart, the final failure, and the finish.
 
+A dead critic actor (`runtime.critic_actor`) ends the child the same way:
+its weights and optimizer moments change every step and lived only in it,
+so a replacement built in place would pair an older critic with the newer
+policy; resuming both from the checkpoint keeps them consistent. Its entry
+names the role "critic". A dead actor_attn or rollout actor is replaced in
+place instead (their state is the policy's weights and a prompt position,
+both held outside them; `cadence/runtime/remote.py`, `WorkerGroup._recover`).
+
 A child that exits with a config error (2) or was interrupted (Ctrl-C, 130)
 is not restarted: running it again would not help.
 """
@@ -25,6 +33,7 @@ import collections
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +79,12 @@ def exit_cause(code: int, tail: list[str]) -> str:
     return f"exit code {code}: {errors[-1] if errors else (tail[-1] if tail else 'no output')}"
 
 
+def failed_role(cause: str) -> str:
+    """Whose death ended the child: an actor that ActorDiedError names (the critic), else the trainer."""
+    found = re.search(r"ActorDiedError: the (\S+) actor died", cause)
+    return found.group(1) if found else "trainer"
+
+
 def last_checkpoint_step(run_dir: Path) -> int | None:
     from cadence.train.checkpoint import latest_checkpoint
 
@@ -109,14 +124,15 @@ def supervise(cfg: RunConfig, args: list[str], resume: bool) -> int:
                 post_webhook(url, {**base, "event": "finished", "restarts": restarts, "step": step})
             return code
         cause = exit_cause(code, tail)
+        role = failed_role(cause)
         if restarts >= rt.max_restarts:
-            record_restart(run_dir, {"role": "trainer", "cause": cause, "action": "gave up", "restarts": restarts})
+            record_restart(run_dir, {"role": role, "cause": cause, "action": "gave up", "restarts": restarts})
             post_webhook(url, {**base, "event": "failed", "cause": cause, "restarts": restarts, "step": step})
             print(f"supervisor: the run failed ({cause}) after {restarts} restart(s); giving up", file=sys.stderr)
             return code
         delay = rt.restart_backoff_s * 2**restarts
         restarts += 1
-        entry = {"role": "trainer", "cause": cause, "restart": restarts, "resume_from_step": step, "delay_s": delay}
+        entry = {"role": role, "cause": cause, "restart": restarts, "resume_from_step": step, "delay_s": delay}
         record_restart(run_dir, entry)
         post_webhook(url, {**base, "event": "restarting", **entry})
         print(f"supervisor: the run failed ({cause}); restart {restarts}/{rt.max_restarts} from checkpoint "

@@ -127,11 +127,14 @@ def agentic(
     redundancy: Annotated[int, typer.Option(help="Extra episodes per group in the redundancy step.")] = 2,
     extra_groups: Annotated[int, typer.Option(help="Extra groups per worker in the redundancy step.")] = 1,
     alpha_: Annotated[int, typer.Option("--alpha", help="Asynchronous ratio of the last step.")] = 2,
+    train_gpus: Annotated[str, typer.Option(help="Training GPU counts to try in the last step (best kept); "
+                                            "empty: beta*'s.")] = "",
 ) -> None:
     """Agentic episodes: lock-step sync, then env-level async, redundancy and alpha on top."""
     from cadence.simulate import sweeps
 
-    rows = sweeps.agentic(_config(preset, config, overrides), redundancy, extra_groups, alpha_, _progress)
+    splits = _numbers(train_gpus, int, "--train-gpus") or None
+    rows = sweeps.agentic(_config(preset, config, overrides), redundancy, extra_groups, alpha_, splits, _progress)
     _show(rows, ["setting", "train_gpus", "step_s", "samples_per_s", "x_lockstep", "x_previous", "engine_busy",
                  "staleness"])
 

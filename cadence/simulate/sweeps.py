@@ -138,32 +138,39 @@ def lockstep(cfg: SimConfig) -> SimConfig:
 
 
 def agentic(cfg: SimConfig, redundancy: int = 2, extra_groups: int = 1, alpha_: int = 2,
-            progress: Progress = _quiet) -> list[dict]:
+            train_gpus: list[int] | None = None, progress: Progress = _quiet) -> list[dict]:
     """The agentic techniques one on top of the other, each against lock-step sync:
     env-level async (colocated, alpha 0), + redundant environments (`redundancy` episodes and
-    `extra_groups` groups more), + asynchronous training (alpha, beta*'s split)."""
+    `extra_groups` groups more), + asynchronous training (alpha; on the best of `train_gpus`
+    training GPUs, or beta*'s split when None: beta* knows no environment time, so for
+    episodes a small search is the better guide)."""
     sync = synchronous(cfg)
+    spare = {"env.mode": "async", "env.redundancy": redundancy, "env.extra_groups": extra_groups}
     steps = [
         ("lock-step sync", lockstep(cfg)),
         ("env-level async", variant(sync, {"env.mode": "async", "env.redundancy": 0, "env.extra_groups": 0})),
-        (f"+ redundancy ({redundancy} episodes, {extra_groups} group)",
-         variant(sync, {"env.mode": "async", "env.redundancy": redundancy, "env.extra_groups": extra_groups})),
-        (f"+ async training (alpha {alpha_})",
-         variant(cfg, {"env.mode": "async", "env.redundancy": redundancy, "env.extra_groups": extra_groups,
-                       "cluster.colocate": False, "cluster.alpha": alpha_})),
+        (f"+ redundancy ({redundancy} episodes, {extra_groups} group)", variant(sync, spare)),
     ]
     rows: list[dict] = []
     for name, c in steps:
-        r = simulate(c)
-        progress(f"{name}: {r.step_s:.0f} s a step, {r.samples_per_s:.3f} episodes/s")
-        rows.append({"setting": name, "train_gpus": r.train_gpus, "step_s": r.step_s,
-                     "samples_per_s": r.samples_per_s, "engine_busy": r.engine_busy_fraction,
-                     "staleness": _staleness(r), "episodes_cancelled": r.counts.get("cancelled", 0),
-                     "cpu_s": r.cpu_s})
+        rows.append(_agentic_row(name, simulate(c), progress))
+    separate = variant(cfg, {**spare, "cluster.colocate": False, "cluster.alpha": alpha_})
+    tried = [_agentic_row(f"+ async training (alpha {alpha_})", simulate(variant(separate, {"cluster.train_gpus": t})),
+                          progress) for t in (train_gpus or [layout(separate).train_gpus])]
+    best = max(tried, key=lambda row: row["samples_per_s"])
+    best["splits_tried"] = [{"train_gpus": r["train_gpus"], "samples_per_s": r["samples_per_s"]} for r in tried]
+    rows.append(best)
     for before, row in zip([None, *rows], rows, strict=False):
         row["x_lockstep"] = row["samples_per_s"] / rows[0]["samples_per_s"]
         row["x_previous"] = row["samples_per_s"] / before["samples_per_s"] if before else 1.0
     return rows
+
+
+def _agentic_row(name: str, r: SimResult, progress: Progress) -> dict:
+    progress(f"{name}, {r.train_gpus} train GPUs: {r.step_s:.0f} s a step, {r.samples_per_s:.3f} episodes/s")
+    return {"setting": name, "train_gpus": r.train_gpus, "step_s": r.step_s, "samples_per_s": r.samples_per_s,
+            "engine_busy": r.engine_busy_fraction, "staleness": _staleness(r),
+            "episodes_cancelled": r.counts.get("cancelled", 0), "cpu_s": r.cpu_s}
 
 
 def env_latency(cfg: SimConfig, means: list[float], progress: Progress = _quiet) -> list[dict]:
