@@ -40,3 +40,12 @@ def test_run_errors_are_one_line():
     assert r.returncode == 2 and "give one after --" in r.stderr and "Traceback" not in r.stderr
     r = cadence("run", "--memory-mb", "0", "--", "true")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "memory_mb" in r.stderr
+
+
+def test_run_python_packages_choice():
+    r = cadence("run", "--", "python3", "-c", "import numpy, sys; print(sys.prefix)")
+    assert r.returncode == 0, r.stderr
+    r = cadence("run", "--python-packages", "none", "--", "python3", "-c", "import numpy")
+    assert r.returncode == 1 and "No module named 'numpy'" in r.stderr
+    r = cadence("run", "--python-packages", "some", "--", "true")
+    assert r.returncode == 2 and "python_packages" in r.stderr and "Traceback" not in r.stderr

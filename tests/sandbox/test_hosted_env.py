@@ -243,3 +243,25 @@ def test_an_edited_env_file_is_what_the_next_env_runs(service, tmp_path):
             assert env.reset(0)[0] == f"v{version}"
         finally:
             env.close()
+
+
+def test_a_killed_registry_env_is_remade_with_its_package(service):
+    """The replacement sandbox gets the same /opt/code mount, so the built-in imports again."""
+    import signal
+    import time
+
+    import httpx
+
+    url, token, _ = service
+    env = HostedEnv(url, token, name="sokoban", step_timeout_s=20.0).start()
+    try:
+        first = env.reset(3)
+        info = httpx.get(f"{url}/v1/sandboxes/{env.id}", headers={"Authorization": f"Bearer {token}"}).json()
+        os.kill(info["pid"], signal.SIGKILL)
+        with pytest.raises(SandboxDied, match="re-makes it"):
+            for _ in range(50):  # until the service notices (the call, or its health check first)
+                env.step("Up")
+                time.sleep(0.1)
+        assert env.reset(3) == first
+    finally:
+        env.close()
