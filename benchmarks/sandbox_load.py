@@ -5,7 +5,8 @@
     python benchmarks/sandbox_load.py --quick    # smoke: 20 exec/s for 5 s
 
 Measures, on this machine:
-  cold start    LocalSandbox.start(): bwrap + Python up + agent ready to run code (sequential)
+  cold start    LocalSandbox.start(): bwrap + Python up + agent ready to run code (sequential);
+                beside it, alternated, the same with /usr/bin/python3 and no site-packages
   warm acquire  Pool.acquire() of a ready spare, in process; and POST /v1/sandboxes over HTTP
   exec load     open-loop `rate` exec calls/s of a small Python snippet against one service
                 (`sandboxes` leased sandboxes, round-robin), latency per call, errors counted
@@ -43,16 +44,23 @@ def ms(xs: list[float]) -> dict:
             "p99_ms": pct(xs, 99) * 1e3, "max_ms": max(xs) * 1e3}
 
 
-def cold_starts(n: int) -> dict:
-    times = []
+# The sandbox Python before it was the host's own (as root with a pyenv under /root):
+SYSTEM_PYTHON = {"python": "/usr/bin/python3", "python_packages": "none"}
+
+
+def cold_starts(n: int, variants: dict[str, dict]) -> dict:
+    """`n` sequential starts of each variant (LocalSandbox keyword arguments), alternated, so a
+    change in the machine's load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(n):
-        sb = LocalSandbox(Limits())
-        t0 = time.perf_counter()
-        sb.start()
-        times.append(time.perf_counter() - t0)
-        assert sb.exec(code="print(1)").stdout == "1\n"
-        sb.stop()
-    return ms(times)
+        for name, kw in variants.items():
+            sb = LocalSandbox(Limits(), **kw)
+            t0 = time.perf_counter()
+            sb.start()
+            times[name].append(time.perf_counter() - t0)
+            assert sb.exec(code="print(1)").stdout == "1\n"
+            sb.stop()
+    return {name: ms(t) for name, t in times.items()}
 
 
 def warm_acquires_in_process(n: int) -> dict:
@@ -127,6 +135,8 @@ def render_table(res: dict) -> str:
     load = res["exec_load"]
     rows = [
         ("cold start (sandbox ready to run Python)", res["cold_start"], "p50 < 50"),
+        *([("cold start, `/usr/bin/python3` stdlib only (the default before)", res["cold_start_system_python"], "")]
+          if "cold_start_system_python" in res else []),
         ("warm acquire, in process (`Pool.acquire`)", res["warm_acquire_pool"], "< 10"),
         ("warm acquire, over HTTP (`POST /v1/sandboxes`)", res["warm_acquire_http"], "< 10"),
         (f"exec over HTTP, {load['rate_target']:g} calls/s for {load['seconds']:g} s", load,
@@ -153,7 +163,9 @@ def main() -> None:
     if a.quick:
         a.rate, a.seconds, a.starts, a.acquires = 20.0, 5.0, 8, 8
     load_before = os.getloadavg()
-    res = {"cold_start": cold_starts(a.starts), "warm_acquire_pool": warm_acquires_in_process(a.acquires)}
+    variants = {"cold_start": {}, **({"cold_start_system_python": SYSTEM_PYTHON}
+                                     if os.path.exists(SYSTEM_PYTHON["python"]) else {})}
+    res = {**cold_starts(a.starts, variants), "warm_acquire_pool": warm_acquires_in_process(a.acquires)}
     with tempfile.TemporaryDirectory() as tmp, running_service(tmp, "--warm", "2") as (url, token, _):
         res["warm_acquire_http"] = warm_acquires_http(url, token, a.acquires)
         res["exec_load"] = asyncio.run(exec_load(url, token, a.rate, a.seconds, a.sandboxes))
