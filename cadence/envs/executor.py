@@ -79,6 +79,8 @@ class SubprocessExecutor:
                 output_bytes=self.output_bytes,
             )
             env = {"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8"}
+            if "LD_LIBRARY_PATH" in os.environ:  # a relocated interpreter (in a sandbox) finds its libpython by it
+                env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
             with open(work / "out", "wb") as out, open(work / "err", "wb") as err:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-c", bootstrap],

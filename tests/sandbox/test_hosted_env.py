@@ -265,3 +265,21 @@ def test_a_killed_registry_env_is_remade_with_its_package(service):
         assert env.reset(3) == first
     finally:
         env.close()
+
+
+def test_hosted_code_env_runs_snippets_on_the_same_interpreter(service):
+    """The code env starts `sys.executable` with a bare environment: inside a sandbox that is
+    the relocated host interpreter, which must load its own libpython (not a system one of the
+    same name) and see its packages."""
+    import sys
+
+    import numpy as np
+
+    url, token, _ = service
+    env = HostedEnv(url, token, name="code", kwargs={"timeout_s": 20.0}).start()
+    try:
+        env.reset(1)
+        obs = env.step("```python\nimport sys, numpy\nprint(sys.version)\nprint(numpy.__version__)\n```")[0]
+        assert obs == f"stdout:\n{sys.version}\n{np.__version__}", obs
+    finally:
+        env.close()
