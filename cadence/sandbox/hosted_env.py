@@ -269,6 +269,10 @@ class HostedEnv(Sandbox):
         `class_name`: one self-contained module's text."""
         limits = Limits(**limits) if isinstance(limits, dict) else limits
         super().__init__(url, token, limits)
+        if name and name.startswith(PYTHON_PREFIX):  # a relative file is the caller's, not the service's cwd's
+            target, _, cls = name[len(PYTHON_PREFIX):].rpartition(":")
+            if (target.endswith(".py") or "/" in target) and os.path.isfile(target):
+                name = f"{PYTHON_PREFIX}{os.path.abspath(target)}:{cls}"
         try:
             self.spec = EnvSpec(source=source, class_name=class_name, name=name, kwargs=kwargs or {},
                                 step_timeout_s=step_timeout_s, limits=limits)

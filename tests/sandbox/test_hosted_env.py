@@ -156,11 +156,24 @@ def test_user_python_file_env_importing_numpy_is_hosted_and_sees_only_its_file(s
         env.close()
 
 
-def test_a_module_env_by_name_and_bad_names(service):
+def test_a_module_env_by_name_and_bad_names(service, tmp_path, monkeypatch):
     url, token, _ = service
     env = HostedEnv(url, token, name="python:tests.agentic_envs:Parity").start()
     try:
         assert isinstance(env.reset(0)[0], str)
+    finally:
+        env.close()
+    (tmp_path / "rel_env.py").write_text("from tests.agentic_envs import Parity as P\n"
+                                         "class R:\n    def reset(self, seed):\n        return 'rel', {}\n"
+                                         "    def step(self, a):\n        return '', 0.0, True, False, {}\n")
+    monkeypatch.chdir(tmp_path)  # a relative file is the caller's: the service runs elsewhere
+    env = HostedEnv(url, token, name="python:rel_env.py:R")
+    with pytest.raises(SandboxError, match="No module named 'tests'"):
+        env.start()  # only the file is mounted, not what it imports from around it
+    (tmp_path / "rel_env.py").write_text((tmp_path / "rel_env.py").read_text().split("\n", 1)[1])
+    env = HostedEnv(url, token, name="python:rel_env.py:R").start()
+    try:
+        assert env.reset(0)[0] == "rel"
     finally:
         env.close()
     with pytest.raises(SandboxError, match="no module 'nope'"):
