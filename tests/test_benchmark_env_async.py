@@ -16,7 +16,8 @@ SCRIPT = BENCHMARKS / "env_async.py"
 def _row(engine: str, variant: str, alpha: int, per_s: float) -> dict:
     return {
         "engine": engine, "variant": variant, "alpha": alpha, "episodes_per_s": per_s,
-        "engine_busy_fraction": 0.25, "step_seconds": 32 / per_s, "trainer_idle_s": 1.0,
+        "engine_busy_fraction": 0.25, "step_seconds": 32 / per_s, "step_seconds_each": [30 / per_s, 34 / per_s],
+        "train_seconds": 7.0, "trainer_idle_s": 1.0,
         "episodes_lost_timeout": 1.0, "episodes_cancelled": 3.0, "episodes_played": 40.0,
     }
 
@@ -30,13 +31,15 @@ def test_the_table_gives_ratios_to_lockstep_and_to_async_per_engine(tmp_path, mo
     ]
     sweep = [_row("mock", "more groups: extra_groups=2", 0, 5.0)]
     meta = {"date": "2026-01-01", "machine": "cpu", "loadavg_before": [3.0], "loadavg_after": [4.0],
-            "steps": 5, "warmup": 1, "batch_episodes": 32, "command": bench.COMMAND, "settings": {}}
+            "steps": 5, "warmup": 1, "batch_episodes": 32, "command": bench.COMMAND,
+            "settings": {"common": bench.COMMON, "quick": ["env.step_timeout_s=7"]}}
     table = bench.markdown({"meta": meta, "rows": rows, "sweep": sweep})
     line = next(x for x in table.splitlines() if x.startswith("| embedded | async + redundancy | 2 |"))
-    assert "| 2.00 | 4.00x | 1.33x |" in line  # x lock-step, x async (both alpha 0, same engine)
+    assert "| 2.00 | 4.00x | 1.33x | 25% | 16.0 (15-17) | 7.0 |" in line  # x lock-step, x async (alpha 0, same engine)
     assert "| mock | env-level async | 0 | 4.00 | 4.00x | 1.00x |" in table
     assert "| mock | more groups: extra_groups=2 | 5.00 | 1.25x |" in table
     assert "load average 3.0 before, 4.0 after" in table
+    assert f"{bench.MAX_TURNS} turns each" in table and "(7 s step timeout)" in table  # the runs' settings
 
     doc = tmp_path / "agentic.md"
     doc.write_text("intro\n<!-- env-async-table-start -->\nold\n<!-- env-async-table-end -->\noutro\n")
@@ -44,6 +47,14 @@ def test_the_table_gives_ratios_to_lockstep_and_to_async_per_engine(tmp_path, mo
     bench.write_doc(table)
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+
+
+def test_timed_steps_leave_out_the_warmup():
+    harness = load_benchmark("harness")
+    records = [{"time/step": t, "progress/samples_total": 32.0 * (i + 1)} for i, t in enumerate([9.0, 2.0, 3.0])]
+    timed, seconds, samples = harness.timed_steps(records, warmup=1)
+    assert timed == records[1:] and seconds == 5.0 and samples == 64.0
+    assert harness.timed_steps(records, warmup=0)[1:] == (14.0, 96.0)
 
 
 @pytest.mark.slow
