@@ -19,6 +19,7 @@ staged for bwrap by staging.py, without changing the host's permissions.
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.util
 import json
 import marshal
@@ -100,7 +101,8 @@ class Runtime:
 @functools.lru_cache(maxsize=8)
 def python_runtime(python: str | None = None) -> Runtime:
     """The interpreter sandboxes run, its installation and its site-packages (a venv's too)."""
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    # Not realpath: a venv's python is a link to its base's, and the venv's packages would be lost.
+    if python is None or os.path.abspath(shutil.which(python) or python) == os.path.abspath(sys.executable):
         exe, base, sites = sys.executable, sys.base_prefix, site.getsitepackages()
         magic = importlib.util.MAGIC_NUMBER.hex()
     else:
@@ -159,11 +161,12 @@ def python_view(rt: Runtime, packages: str) -> PythonView:
 
         def inside(p: str) -> str:
             return PYTHON_HOME + p[len(rt.prefix):]
-        if any(n.startswith("libpython") for n in os.listdir(os.path.join(rt.prefix, "lib"))):
-            env["LD_LIBRARY_PATH"] = inside(os.path.join(rt.prefix, "lib"))  # its RUNPATH is the host path
+        lib = os.path.join(rt.prefix, "lib")
+        if os.path.isdir(lib) and any(n.startswith("libpython") for n in os.listdir(lib)):
+            env["LD_LIBRARY_PATH"] = inside(lib)  # its RUNPATH is the host path
     site_dirs, hidden, extra = [], [], []
     for i, d in enumerate(rt.site_dirs):
-        seen = inside(d) if _under(d, rt.prefix) or _under(d, "/usr") else None
+        seen = inside(d) if _under(d, rt.prefix) else d if _under(d, "/usr") else None
         if packages == "none":
             if seen is not None:
                 hidden.append(seen)
@@ -175,6 +178,10 @@ def python_view(rt: Runtime, packages: str) -> PythonView:
         site_dirs.append(seen)
     if extra:  # a venv's packages, for `python3` run as a command too
         env["PYTHONPATH"] = ":".join(extra)
+    if not _under(rt.prefix, "/usr"):  # a venv's base packages stay out of `python3` commands too
+        for d in sorted(glob.glob(os.path.join(rt.prefix, "lib", "python3*", "site-packages"))):
+            if d not in rt.site_dirs and inside(d) not in hidden:
+                hidden.append(inside(d))
     return PythonView(binds, hidden, inside(rt.executable), site_dirs, env)
 
 

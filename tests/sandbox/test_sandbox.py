@@ -230,3 +230,16 @@ def test_python_packages_none_is_the_standard_library_only():
         assert r.stdout == "0\n"  # the site-packages folders are covered up, not just off sys.path
     with pytest.raises(ValueError, match="python_packages"):
         LocalSandbox(python_packages="all").start()
+
+
+def test_a_venv_interpreter_brings_its_own_packages_only(tmp_path):
+    """python= a venv: its site-packages at /opt/site/0 (code and commands), its base's hidden."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    site_dir = tmp_path / "venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site_dir / "venvmod.py").write_text("X = 42\n")
+    with LocalSandbox(Limits(wall_s=20, cpu_s=20), python=str(tmp_path / "venv" / "bin" / "python")) as sb:
+        assert sb.exec(code="import venvmod; print(venvmod.X)").stdout == "42\n"
+        r = sb.exec("python3 -c 'import venvmod; print(venvmod.__file__)'; python3 -c 'import numpy'")
+        assert r.stdout == f"{isolation.SITE_ROOT}/0/venvmod.py\n" and "No module named 'numpy'" in r.stderr, r
