@@ -128,3 +128,18 @@ def test_cuda_without_a_gpu_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"trainer\.device: .*set trainer\.device=cpu or auto"):
         load_config(None, ["trainer.device=cuda"])
     assert resolve_device(load_config(None, []).trainer.device) == torch.device("cpu")  # auto
+
+
+def test_bf16_autocast_runs_the_policy_and_reference_forwards_in_bfloat16():
+    runs = {}
+    for autocast in (False, True):
+        trainer = critic_credit_trainer(TrainerConfig(device="cpu", micro_batch_size=2, epochs=2, bf16_autocast=autocast))
+        seen: set[torch.dtype] = set()
+        for model in (trainer.model, trainer.reference):  # the training forward, pi_old, pi_ref
+            model.lm_head.register_forward_hook(lambda module, args, out, seen=seen: seen.add(out.dtype))
+        metrics = trainer.step(make_groups(0))
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}  # weights stay float32
+        runs[autocast] = (seen, metrics)
+    assert runs[False][0] == {torch.float32} and runs[True][0] == {torch.bfloat16}
+    for key in ("train/loss", "train/grad_norm"):  # bfloat16 rounding, not a different objective
+        assert runs[True][1][key] == pytest.approx(runs[False][1][key], rel=1e-2), key

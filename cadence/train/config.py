@@ -45,6 +45,11 @@ class TrainerConfig(BaseModel):
         "'auto' is cuda when this machine has a GPU, else cpu. Data-parallel ranks on cuda use NCCL "
         "(one GPU each), on cpu gloo. Weights leave the trainer on CPU either way."
     )
+    bf16_autocast: bool = Field(
+        False, description="Run the policy's and the reference's forward passes under bfloat16 autocast "
+        "(torch.autocast on trainer.device; meant for cuda). Weights, gradients, optimizer state and the "
+        "log-prob and loss math stay float32."
+    )
 
     @field_validator("device")
     @classmethod

@@ -18,6 +18,7 @@ Python floats, and what leaves the trainer (weights, checkpoint state) is on CPU
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -235,6 +236,13 @@ class PolicyTrainer:
             return to_cpu(self.policy.state_dict())
         return self.dp.full_state_dict(self.policy)
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bfloat16 matmuls in the forward passes (trainer.bf16_autocast); logits are cast back to
+        float32 by `forward_logits` before any log-softmax."""
+        if not self.cfg.bf16_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """pi_old is the policy at the start of this step. With one update per batch that is
         the policy of the update itself, so the training forward's detached log-probs are pi_old
@@ -251,20 +259,22 @@ class PolicyTrainer:
         if not self._needs_old_logprobs(batch):
             return None
         self.policy.eval()  # dropout off: pi_old must be a deterministic function of the weights
-        old = batched_logprobs(
-            self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
-            self.cfg.micro_batch_tokens, even=self.dp.even if self.dp is not None else None,
-        )
+        with self._autocast():
+            old = batched_logprobs(
+                self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
+                self.cfg.micro_batch_tokens, even=self.dp.even if self.dp is not None else None,
+            )
         self.policy.train()
         return old
 
     def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         if self.reference is None:
             return None
-        return batched_logprobs(
-            self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
-            self.cfg.micro_batch_tokens,
-        )
+        with self._autocast():
+            return batched_logprobs(
+                self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
+                self.cfg.micro_batch_tokens,
+            )
 
     def _update(
         self,
@@ -295,7 +305,8 @@ class PolicyTrainer:
             part = mini.select(idx).trimmed()
             sel = rows[idx]
             width = part.mask.shape[1]
-            logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
+            with self._autocast():
+                logits = forward_logits(self.policy, part.input_ids, part.attention_mask)
             logprobs = token_logprobs(logits, part.input_ids, self.temperature)
             # The entropy only carries gradient when it is part of the objective.
             entropy = token_entropy(logits if self.algo.entropy_coef > 0 else logits.detach(), self.temperature)
