@@ -32,6 +32,7 @@ from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
 from cadence.train.device import resolve_device
+from cadence.train.resume import check_resume_config
 from cadence.train.trainer import PolicyTrainer
 from tests.test_dp_trainer import MODEL, make_groups
 
@@ -128,6 +129,12 @@ def test_cuda_without_a_gpu_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"trainer\.device: .*set trainer\.device=cpu or auto"):
         load_config(None, ["trainer.device=cuda"])
     assert resolve_device(load_config(None, []).trainer.device) == torch.device("cpu")  # auto
+
+
+def test_a_gpu_run_resumes_on_cpu_without_allow_change():
+    """Checkpoint state is on CPU whatever the device, so the device is free to change on resume."""
+    saved, now = {"trainer": {"device": "cuda", "lr": 1}}, {"trainer": {"device": "cpu", "lr": 1}}
+    assert check_resume_config(saved, now, [], "step_2") == {}
 
 
 def test_bf16_autocast_runs_the_policy_and_reference_forwards_in_bfloat16():

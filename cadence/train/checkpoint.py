@@ -32,13 +32,18 @@ SHARDED_DIR = "sharded"  # data-parallel runs: weights and optimizer state per r
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_initialized():  # a CUDA trainer in this process (dropout draws from the GPU's RNG)
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -23,7 +23,8 @@ from cadence.yaml_config import ConfigError
 
 CONFIG_FILE = "run_config.yaml"  # inside each checkpoint: the config it was trained under
 CHANGES_FILE = "resume_changes.yaml"
-FREE = ("logging.progress",)
+# Where the trainer computes changes no saved state (it is all on CPU): a GPU run may resume on CPU.
+FREE = ("logging.progress", "trainer.device")
 FIXED = ("runtime.rollout_workers",)  # the checkpoint holds one prompt cursor per worker
 
 
