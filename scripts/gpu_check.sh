@@ -10,8 +10,8 @@
 #  1. CUDA trainer vs CPU trainer: the same 3 steps (GRPO + KL + AsyPPO critics +
 #     rhythm credit, pi_old recomputed) on the same tiny policy; losses close,
 #     every module on cuda, weights() and state_dict() on CPU.
-#  2. `cadence train trainer.device=cuda`, one GPU, the embedded engine; then the
-#     vLLM engine if vllm imports (a GPU vllm build).
+#  2. `cadence train trainer.device=cuda`, one GPU, the embedded engine (also with
+#     trainer.bf16_autocast=true); then the vLLM engine if vllm imports (a GPU build).
 #  3. With 2+ GPUs: data-parallel ranks over NCCL (runtime.trainer_workers=2, ddp
 #     and fsdp): the DP-vs-one-rank tests of tests/test_dp_trainer.py (their
 #     trainer.device is auto, so cuda here) and a 2-rank `cadence train`.
@@ -70,6 +70,7 @@ EOF
 
 echo "== 2. cadence train on one GPU"
 run_train cuda-embedded trainer.device=cuda rollout.engine.backend=embedded
+run_train cuda-bf16 trainer.device=cuda trainer.bf16_autocast=true
 if "$PY" -c "import vllm" 2>/dev/null; then
     run_train cuda-vllm trainer.device=cuda rollout.engine.backend=vllm
 else
