@@ -94,6 +94,10 @@ class UnitTestsConfig(BaseModel):
     url: str | None = Field(
         None, description="Sandbox service URL (`cadence sandbox serve`); None: a local bubblewrap sandbox."
     )
+    python_packages: Literal["site", "none"] = Field(
+        "site", description="A local sandbox's Python: 'site' (the interpreter's packages, e.g. numpy, importable "
+        "read-only) or 'none' (standard library only); on a service, the service's setting applies."
+    )
 
 
 def extract_code(response: str) -> str:
@@ -171,7 +175,7 @@ class UnitTestReward:
         from cadence.sandbox.sandbox import LocalSandbox
 
         limits = Limits(memory_mb=self.cfg.memory_mb, processes=64, wall_s=wall, cpu_s=wall)
-        with LocalSandbox(limits) as sb:
+        with LocalSandbox(limits, python_packages=self.cfg.python_packages) as sb:
             return _passed(sb, solution, tests, code, wall)
 
 

@@ -109,3 +109,4 @@ def test_solutions_may_import_the_interpreters_packages():
     prompt = Prompt("np:1", "Write mean(xs).", "", {"tests": ["assert mean([1, 2, 3]) == 2.0", "assert mean([4]) == 4.0"]})
     solution = "```python\nimport numpy as np\n\ndef mean(xs):\n    return float(np.mean(xs))\n```"
     assert reward(test_timeout_s=10.0)(prompt, solution) == 1.0
+    assert reward(test_timeout_s=10.0, python_packages="none")(prompt, solution) == 0.0  # stdlib only
