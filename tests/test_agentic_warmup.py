@@ -14,11 +14,12 @@ from cadence.envs.frozenlake import FrozenLakeEnv
 from cadence.envs.sokoban import SokobanEnv
 from cadence.models.loading import model_path_problem, resolve_model_path
 from cadence.models.tiny import char_tokenizer
-from cadence.recipes.sft import encode_episodes, load_sft_config, sft
+from cadence.recipes.sft import encode_episodes, encode_turns, load_sft_config, sft
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.turns import PlainTurns
 
-WARM_UP = "cadence/configs/sft_frozenlake.yaml"
+WARM_UP_TURNS = "cadence/configs/sft_frozenlake_turns.yaml"  # stage 1
+WARM_UP = "cadence/configs/sft_frozenlake.yaml"  # stage 2, from stage 1's model
 
 
 def test_an_episode_is_laid_out_as_a_rollout_lays_it_out_with_the_loss_on_the_replies():
@@ -61,9 +62,37 @@ def test_a_sloppy_demonstrator_walks_as_if_there_were_no_holes():
         demonstrate(SokobanEnv(), 0, slip=0.5)
 
 
+def test_the_sloppy_demonstrator_slips_on_its_share_of_moves_and_is_the_expert_otherwise():
+    env = FrozenLakeEnv(rules=False, neighbours=True)
+    slipped = differs = 0
+    for seed in range(300):
+        demo = demonstrate(env, seed, max_turns=10, slip=0.6, rng=random.Random(seed))
+        env.reset(seed)
+        for turn in demo.turns:  # replay: every move is the expert's or the habit's
+            expert, habit = env.expert_action(), hole_blind_action(env)
+            move = turn.response[len("<answer>"):-len("</answer>")]
+            assert move in (expert, habit)
+            if expert != habit:
+                differs += 1
+                slipped += move == habit
+            env.step(move)
+    assert differs > 100 and 0.5 < slipped / differs < 0.7  # 60% of the moves where it matters
+
+
+def test_turn_examples_are_each_observation_alone_then_the_reply():
+    tokenizer = char_tokenizer()
+    demo = demonstrations("frozenlake", [7], {"rules": False, "neighbours": True}, tag=None, short=True)[0]
+    rows = encode_turns(tokenizer, [demo])
+    assert len(rows) == len(demo.turns)
+    for (ids, mask), turn in zip(rows, demo.turns, strict=True):
+        assert ids == tokenizer(turn.observation + "\n" + turn.response).input_ids + [tokenizer.eos_token_id]
+        assert mask == [0] * (len(ids) - 2) + [1, 1]  # the letter and EOS
+
+
 def test_the_frozenlake_warm_up_runs_and_saves_a_checkpoint_plain_transformers_loads(tmp_path):
-    out = sft(load_sft_config(WARM_UP, ["steps=2", "examples=8", "batch_size=4", "threads=1",
-                                        f"output={tmp_path / 'fl'}"]))
+    small = ["steps=2", "examples=8", "batch_size=4", "threads=1"]
+    first = sft(load_sft_config(WARM_UP_TURNS, [*small, f"output={tmp_path / 'turns'}"]))
+    out = sft(load_sft_config(WARM_UP, [*small, f"model.path={first}", f"output={tmp_path / 'fl'}"]))
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer) and (out / "sft_config.yaml").is_file()

@@ -5,6 +5,12 @@ The map comes from gymnasium's `generate_random_map(size, p, seed=episode seed)`
 the player drawn as ``P``; actions are Left, Down, Right, Up (or L, D, R, U) in
 ``<answer>...</answer>``. Reward 1 on reaching G; falling into a hole ends
 the episode with 0. `slippery=False` by default, so a plan stays a plan.
+
+`neighbours=True` adds one line under the grid naming the cell one move away
+in each direction, always in the same format: ``U:# L:F R:F D:H`` (``#`` is
+the wall). A tiny model finds the player in a 2-D text grid easily enough but
+not what lies below it; on this line "Down leads into a hole" is one character
+at a fixed distance from the end of the prompt. Off by default.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from cadence.envs.gym_adapter import parse_discrete_action
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0..3
 _MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
+# The neighbour line's order: Down last and Right before it, the two moves towards G (always
+# bottom-right), so what they reach is the last thing a model reads before it answers.
+NEIGHBOUR_ORDER = (3, 0, 2, 1)  # Up, Left, Right, Down
 
 RULES = (
     "You are on a frozen lake, at P. Reach the goal G without stepping into a hole H "
@@ -53,12 +62,16 @@ class FrozenLakeEnv:
 
     action_tag = "answer"
 
-    def __init__(self, size: int = 4, p: float = 0.8, slippery: bool = False, rules: bool = True) -> None:
+    def __init__(
+        self, size: int = 4, p: float = 0.8, slippery: bool = False, rules: bool = True, neighbours: bool = False
+    ) -> None:
         """`rules=False`: the first observation is the grid alone (a small model trained on the
-        game, like `builtin:frozenlake`, cannot read the rules and only pays for their tokens)."""
+        game, like `builtin:frozenlake`, cannot read the rules and only pays for their tokens).
+        `neighbours=True`: every observation ends with the neighbour line (`neighbour_line`)."""
         if size < 2 or not 0 < p <= 1:
             raise ValueError(f"frozenlake needs size >= 2 and 0 < p <= 1, got size={size}, p={p}")
         self.size, self.p, self.slippery, self.rules = size, p, slippery, rules
+        self.neighbours = neighbours
         self.env = None
         self.desc: list[str] = []
         self.state = 0
@@ -70,6 +83,21 @@ class FrozenLakeEnv:
         rows[r][c] = "P"
         return "\n".join("".join(row) for row in rows)
 
+    def neighbour_line(self) -> str:
+        """What one move in each direction reaches, e.g. `U:# L:# R:F D:H` (# = the wall)."""
+        r, c = divmod(self.state, self.size)
+        cells = []
+        for action in NEIGHBOUR_ORDER:
+            dr, dc = _MOVES[action]
+            nr, nc = r + dr, c + dc
+            inside = 0 <= nr < self.size and 0 <= nc < self.size
+            cells.append(f"{ACTIONS[action][0]}:{self.desc[nr][nc] if inside else '#'}")
+        return " ".join(cells)
+
+    def view(self) -> str:
+        """The grid, and the neighbour line when `neighbours` is on: what every observation shows."""
+        return f"{self.render()}\n{self.neighbour_line()}" if self.neighbours else self.render()
+
     def reset(self, seed: int) -> ResetReturn:
         from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
         from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -78,19 +106,19 @@ class FrozenLakeEnv:
         self.env = GymFrozenLake(desc=self.desc, is_slippery=self.slippery)
         self.state, _ = self.env.reset(seed=seed)
         optimal = len(shortest_path(self.desc, self.state) or [])
-        first = f"{RULES}\n{self.render()}" if self.rules else self.render()
+        first = f"{RULES}\n{self.view()}" if self.rules else self.view()
         return first, {"optimal_steps": optimal}
 
     def step(self, action: str) -> StepReturn:
         chosen = parse_discrete_action(action, ACTIONS)
         if chosen is None:
-            text = f"Invalid move {action!r}: use Left, Down, Right or Up.\n{self.render()}"
+            text = f"Invalid move {action!r}: use Left, Down, Right or Up.\n{self.view()}"
             return text, 0.0, False, False, {"invalid_action": True}
         self.state, reward, terminated, truncated, _ = self.env.step(chosen)  # type: ignore[union-attr]
         r, c = divmod(self.state, self.size)
         cell = self.desc[r][c]
         note = {"G": "You reached the goal!", "H": "You fell into a hole."}.get(cell, "")
-        text = f"{self.render()}\n{note}".rstrip()
+        text = f"{self.view()}\n{note}".rstrip()
         return text, float(reward), bool(terminated), bool(truncated), {"cell": cell}
 
     def expert_action(self) -> str | None:

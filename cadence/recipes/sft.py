@@ -58,6 +58,10 @@ class SFTEnvConfig(BaseModel):
         "answer", description="Replies as <tag>move</tag>; null: the bare move (train with env.action_tag=null)."
     )
     short_actions: bool = Field(False, description="Replies name a move by its first letter (D for Down).")
+    turn_examples: bool = Field(
+        False, description="Each turn is its own example, its observation alone as the prompt: short rows, "
+        "many decisions per step (a first stage; the episodes as a rollout lays them out come after)."
+    )
     first_seed: int = Field(
         10**8, ge=0, description="Demonstrations play seeds first_seed, first_seed+1, ...: neither RL's "
         "training seeds (from 1000) nor its held-out ones (from 10**9)."
@@ -139,6 +143,18 @@ def encode_episodes(tokenizer, demos: list[Demonstration]) -> list[Row]:
     return out
 
 
+def encode_turns(tokenizer, demos: list[Demonstration]) -> list[Row]:
+    """Every turn of every demonstration as its own row: the observation as a first turn, then reply + EOS."""
+    from cadence.rollout.turns import PlainTurns
+
+    out = []
+    for turn in (t for demo in demos for t in demo.turns):
+        prompt = PlainTurns().first(tokenizer, turn.observation)
+        reply = tokenizer(turn.response, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        out.append((prompt + reply, [0] * len(prompt) + [1] * len(reply)))
+    return out
+
+
 def length_buckets(rows: list[Row], size: int) -> list[list[Row]]:
     """`rows` sorted by length and cut into batches of `size`: neighbours pad little."""
     ordered = sorted(rows, key=lambda row: len(row[0]))
@@ -195,7 +211,7 @@ def training_rows(cfg: SFTConfig, tokenizer) -> list[Row]:
         e = cfg.env
         seeds = range(e.first_seed, e.first_seed + cfg.examples)
         demos = demonstrations(e.name, seeds, e.kwargs, e.max_turns, e.slip, e.action_tag, e.short_actions)
-        return encode_episodes(tokenizer, demos)
+        return (encode_turns if e.turn_examples else encode_episodes)(tokenizer, demos)
     task = build_task(cfg.task)
     if not hasattr(task, "sft_examples"):
         raise ConfigError(f"task {cfg.task.name!r} has no synthetic SFT examples; use 'arith' or 'chain'")

@@ -54,6 +54,22 @@ def test_frozenlake_hole_ends_the_episode_without_reward_and_bad_words_are_inval
     assert (reward, terminated) == (0.0, True) and "hole" in obs and grid(obs)[0][1] == "P"
 
 
+def test_frozenlake_neighbour_line_names_what_each_move_reaches():
+    env = FrozenLakeEnv(size=4, rules=False, neighbours=True)
+    seed = next(s for s in range(200) if (env.reset(s), env.desc[1][0] == "H" and env.desc[0][1] == "F")[1])
+    first, _ = env.reset(seed)
+    assert first.splitlines()[-1] == "U:# L:# R:F D:H" and grid(first) == env.render().splitlines()
+    obs, *_ = env.step("R")  # one to the right: the start is on the left now
+    assert obs.splitlines()[-1] == f"U:# L:S R:{env.desc[0][2]} D:{env.desc[1][1]}"
+    assert env.step("jump")[0].splitlines()[-1] == obs.splitlines()[-1]  # an invalid move shows it again
+    assert FrozenLakeEnv(size=4, rules=False).reset(seed)[0] == grid_only(env, seed)  # off by default
+
+
+def grid_only(env: FrozenLakeEnv, seed: int) -> str:
+    env.reset(seed)
+    return env.render()
+
+
 def test_parse_discrete_action():
     names = ("Left", "Down", "Right", "Up")
     assert [parse_discrete_action(a, names) for a in ("left", " UP ", "r", "3", "'Down'")] == [0, 3, 2, 3, 1]
