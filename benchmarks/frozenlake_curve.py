@@ -7,7 +7,7 @@ training seconds (the steps' `time/step` summed: rollout waits and updates,
 evaluations excluded), with the machine's load average before and after,
 since the machine may be shared.
 
-    python benchmarks/frozenlake_curve.py [override ...]
+    python benchmarks/frozenlake_curve.py [override ...]   # e.g. seed=1
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from harness import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "examples/frozenlake.yaml"
-OUT = ROOT / "docs" / "results" / "frozenlake.json"
+RESULTS = ROOT / "docs" / "results"
+
+
+def results_path(overrides: list[str]) -> Path:
+    """docs/results/frozenlake.json for the example as it is; a run with overrides (another
+    seed, say) keeps its own file beside it: frozenlake_seed=1.json."""
+    return RESULTS / ("frozenlake" + "".join(f"_{o}" for o in overrides).replace("/", "-") + ".json")
 
 
 def curve(records: list[dict]) -> list[dict]:
@@ -40,30 +46,48 @@ def curve(records: list[dict]) -> list[dict]:
     return points
 
 
-def first_move_probe(model_path: str = "builtin:frozenlake", maps: int = 200) -> dict:
-    """Does the model read the holes? On held-out maps where the expert's first move differs
-    from the hole-blind habit's, the probability it gives the expert's move (the warm-up's
-    demonstrations chose it 40% of the time there)."""
+def hole_probe(model_path: str = "builtin:frozenlake", maps: int = 200) -> dict:
+    """Does the model read the holes? Walk the expert through held-out maps and, at every state
+    where the hole-blind habit's move differs from the expert's, take the model's next-move
+    probabilities in the context a rollout would give it (earlier turns included). Split by
+    whether the habit's move steps straight into a hole (visible on the neighbour line) or
+    only leads towards one (not visible there)."""
     import torch
 
     from cadence.envs.expert import hole_blind_action
-    from cadence.envs.frozenlake import FrozenLakeEnv
+    from cadence.envs.frozenlake import ACTIONS, FrozenLakeEnv
     from cadence.models.loading import load_policy, load_tokenizer
+    from cadence.rollout.turns import PlainTurns
 
     torch.set_num_threads(1)
     model, tokenizer = load_policy(model_path).eval(), load_tokenizer(model_path)
-    env, probs = FrozenLakeEnv(rules=False), []
+    config = yaml.safe_load((ROOT / CONFIG).read_text())
+    env, turns, eos = FrozenLakeEnv(**config["env"]["kwargs"]), PlainTurns(), tokenizer.eos_token_id
+    letter = {a: tokenizer.convert_tokens_to_ids(a[0]) for a in ACTIONS}
+    kinds: dict[str, list[tuple[float, float]]] = {"into_hole": [], "towards_hole": []}
     for i in range(maps):
         observation, _ = env.reset(10**9 + i)  # the held-out seeds
-        expert = env.expert_action()
-        if expert == hole_blind_action(env):
-            continue
-        with torch.no_grad():
-            logits = model(tokenizer(observation + "\n", return_tensors="pt").input_ids).logits[0, -1]
-        probs.append(logits.softmax(-1)[tokenizer.convert_tokens_to_ids(expert[0])].item())
-    return {"maps": maps, "maps_where_habit_differs": len(probs),
-            "mean_p_expert_first_move": round(sum(probs) / len(probs), 3),
-            "min": round(min(probs), 3), "max": round(max(probs), 3)}
+        ids = turns.first(tokenizer, observation)
+        for _ in range(config["env"]["max_turns"]):
+            expert, habit = env.expert_action(), hole_blind_action(env)
+            if expert != habit:
+                with torch.no_grad():
+                    p = model(torch.tensor([ids])).logits[0, -1].softmax(-1)
+                r, c = divmod(env.state, env.size)
+                below = env.desc[r + 1][c] if habit == "Down" else env.desc[r][c + 1]
+                kind = "into_hole" if below == "H" else "towards_hole"
+                kinds[kind].append((p[letter[expert]].item(), p[letter[habit]].item()))
+            observation, _, terminated, _, _ = env.step(expert)
+            if terminated:
+                break
+            ids += [letter[expert], eos] + turns.after(tokenizer, [eos], observation)
+    out: dict = {"model": model_path, "held_out_maps": maps}
+    for kind, pairs in kinds.items():
+        n = max(len(pairs), 1)
+        out[kind] = {"states": len(pairs), "mean_p_expert": round(sum(e for e, _ in pairs) / n, 3),
+                     "mean_p_habit": round(sum(h for _, h in pairs) / n, 3),
+                     "share_expert_preferred": round(sum(e > h for e, h in pairs) / n, 3)}
+    return out
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -107,16 +131,19 @@ def main(overrides: list[str]) -> None:
         "command_wall_seconds": round(wall, 1),
         "curve": points,
         "reward_mean_per_step": [[r["step"], round(r["reward/mean"], 4)] for r in records if r["step"] > 0],
-        "warm_up_probe": first_move_probe(),
+        "probe_before": hole_probe(),
+        "probe_after": hole_probe(str(max((run_dir / "checkpoints").glob("step_*"),
+                                          key=lambda d: int(d.name.split("_")[1])))),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
-    plot(points, OUT.with_suffix(".png"))
+    out = results_path(overrides)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(points, out.with_suffix(".png"))
     print(f"held-out success {before:.3f} -> {after:.3f} ({result['change_points']:+.1f} points) in "
-          f"{result['train_seconds']:.0f} s of training; wrote {OUT}")
+          f"{result['train_seconds']:.0f} s of training; wrote {out}")
 
 
 if __name__ == "__main__":
