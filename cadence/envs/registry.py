@@ -26,7 +26,7 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     "sokoban": (
         "cadence.envs.sokoban:SokobanEnv",
         "generated rooms with 1-2 boxes, each checked solvable by BFS; text grid; "
-        "Up/Down/Left/Right; reward 1 when every box is on a goal (kwargs: width, height, boxes)",
+        "Up/Down/Left/Right; reward 1 when every box is on a goal (kwargs: width, height, boxes, positions)",
     ),
     "code": (
         "cadence.envs.code_env:CodeEnv",

@@ -9,6 +9,14 @@ are solvable, with at least one push, and gives the optimal solution length
 Text: ``#`` wall, ``_`` floor, ``.`` goal, ``$`` box, ``*`` box on a goal,
 ``@`` player, ``+`` player on a goal. Actions: Up, Down, Left, Right (or U, D,
 L, R) in ``<answer>...</answer>``. Reward 1 when every box is on a goal.
+
+`positions=True` adds one line under the room saying where things are, as
+offsets (rows down, columns right) in a fixed format: ``$-1,+2 .+3,+0`` is
+the box one row up and two columns right of the player, and the goal three
+rows below the box (with more boxes: every box, then every goal, from the
+player). A tiny model reads a sign at a fixed distance from the end of its
+prompt far more easily than it finds three symbols in a 2-D grid and works
+out where they are from each other. Off by default.
 """
 
 from __future__ import annotations
@@ -140,13 +148,20 @@ class SokobanEnv:
     action_tag = "answer"
 
     def __init__(
-        self, width: int = 7, height: int = 7, boxes: int | None = None, max_moves: int = 30, rules: bool = True
+        self,
+        width: int = 7,
+        height: int = 7,
+        boxes: int | None = None,
+        max_moves: int = 30,
+        rules: bool = True,
+        positions: bool = False,
     ) -> None:
-        """`rules=False`: the first observation is the room alone (for a small model trained on the game)."""
+        """`rules=False`: the first observation is the room alone (for a small model trained on the game).
+        `positions=True`: every observation ends with the positions line (`positions_line`)."""
         if width < 4 or height < 4 or (boxes is not None and boxes < 1):
             raise ValueError("sokoban needs width, height >= 4 and boxes >= 1 (or null: 1-2)")
         self.width, self.height, self.boxes, self.max_moves = width, height, boxes, max_moves
-        self.rules = rules
+        self.rules, self.positions = rules, positions
         self.level: Level | None = None
         self.player: Cell = (0, 0)
         self.box_cells: frozenset[Cell] = frozenset()
@@ -155,27 +170,40 @@ class SokobanEnv:
         assert self.level is not None, "reset() first"
         return render(self.level, self.player, self.box_cells)
 
+    def positions_line(self) -> str:
+        """The box from the player and the goal from the box, e.g. `$-1,+2 .+3,+0` (rows down,
+        columns right); with more boxes, each box and then each goal from the player."""
+        assert self.level is not None, "reset() first"
+        boxes, goals = sorted(self.box_cells), sorted(self.level.goals)
+        goal_origin = boxes[0] if len(boxes) == 1 else self.player
+        offsets = [("$", self.player, box) for box in boxes] + [(".", goal_origin, goal) for goal in goals]
+        return " ".join(f"{mark}{b[0] - a[0]:+d},{b[1] - a[1]:+d}" for mark, a, b in offsets)
+
+    def view(self) -> str:
+        """The room, and the positions line when `positions` is on: what every observation shows."""
+        return f"{self.render()}\n{self.positions_line()}" if self.positions else self.render()
+
     def reset(self, seed: int) -> ResetReturn:
         self.level, optimal = generate_level(
             seed, self.width, self.height, self.boxes, self.max_moves
         )
         self.player, self.box_cells = self.level.player, self.level.boxes
-        first = f"{RULES}\n{self.render()}" if self.rules else self.render()
+        first = f"{RULES}\n{self.view()}" if self.rules else self.view()
         return first, {"optimal_steps": optimal}
 
     def step(self, action: str) -> StepReturn:
         assert self.level is not None, "reset() first"
         chosen = parse_discrete_action(action, ACTIONS)
         if chosen is None:
-            text = f"Invalid move {action!r}: use Up, Down, Left or Right.\n{self.render()}"
+            text = f"Invalid move {action!r}: use Up, Down, Left or Right.\n{self.view()}"
             return text, 0.0, False, False, {"invalid_action": True}
         moved = _move(self.level, self.player, self.box_cells, chosen)
         if moved is None:
-            text = f"Blocked: you cannot move {ACTIONS[chosen]}.\n{self.render()}"
+            text = f"Blocked: you cannot move {ACTIONS[chosen]}.\n{self.view()}"
             return text, 0.0, False, False, {"blocked": True}
         self.player, self.box_cells = moved
         solved = self.box_cells == self.level.goals
-        text = f"{self.render()}\nSolved!" if solved else self.render()
+        text = f"{self.view()}\nSolved!" if solved else self.view()
         return text, float(solved), solved, False, {"boxes_on_goals": len(self.box_cells & self.level.goals)}
 
     def expert_action(self) -> str | None:

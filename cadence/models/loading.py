@@ -3,7 +3,8 @@
 `model.path` is either a folder that `AutoModelForCausalLM.from_pretrained`
 reads, or one of the small models shipped inside the package (made by
 `cadence sft`): `builtin`, the arithmetic model (`cadence/configs/sft_arith.yaml`),
-or `builtin:frozenlake` (`cadence/configs/sft_frozenlake.yaml`).
+`builtin:frozenlake` (`cadence/configs/sft_frozenlake.yaml`) or `builtin:sokoban`
+(`cadence/configs/sft_sokoban.yaml`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ BUILTIN_DIR = ASSETS / "arith-tiny"
 BUILTINS = {
     "builtin": (BUILTIN_DIR, "cadence/configs/sft_arith.yaml"),
     "builtin:frozenlake": (ASSETS / "frozenlake-tiny", "cadence/configs/sft_frozenlake.yaml"),
+    "builtin:sokoban": (ASSETS / "sokoban-tiny", "cadence/configs/sft_sokoban.yaml"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
