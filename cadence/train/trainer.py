@@ -84,7 +84,9 @@ class PolicyTrainer:
         self.dp = dp  # None: one process, no torch.distributed
         # A rank computes where its group does (its own GPU under NCCL).
         self.device = dp.device if dp is not None else resolve_device(trainer_cfg.device)
-        self.model = policy.to(self.device).train()  # the plain Hugging Face module
+        if dp is None or dp.strategy == "ddp":  # FSDP moves each rank's shard itself: no whole copy on one GPU
+            policy.to(self.device)
+        self.model = policy.train()  # the plain Hugging Face module
         self.cfg = trainer_cfg
         self.algo = algo_cfg
         self.temperature = temperature
