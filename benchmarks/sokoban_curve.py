@@ -43,6 +43,40 @@ def rooms_seen_in_warm_up(held_out: int) -> float:
     return sum(env.reset(10**9 + i)[0] in seen for i in range(held_out)) / held_out
 
 
+def solved_by_novelty(model_path: str, rooms: int) -> dict:
+    """Greedy held-out success split by whether the room was among the warm-up's first rooms:
+    does the model play Sokoban or recall demonstrations? Played as a rollout plays them."""
+    import torch
+
+    from cadence.envs.sokoban import SokobanEnv
+    from cadence.models.loading import load_policy, load_tokenizer
+    from cadence.rollout.turns import PlainTurns
+
+    torch.set_num_threads(1)
+    warm, example = (yaml.safe_load((ROOT / path).read_text()) for path in (WARM_UP, CONFIG))
+    env = SokobanEnv(**example["env"]["kwargs"])
+    seen = {env.reset(warm["env"].get("first_seed", 10**8) + i)[0] for i in range(warm["examples"])}
+    model, tokenizer = load_policy(model_path).eval(), load_tokenizer(model_path)
+    turns, eos = PlainTurns(), tokenizer.eos_token_id
+    counts = {"seen": [0, 0], "new": [0, 0]}  # [rooms, solved]
+    for i in range(rooms):
+        observation, _ = env.reset(10**9 + i)
+        kind = "seen" if observation in seen else "new"
+        ids, solved = turns.first(tokenizer, observation), False
+        for _ in range(example["env"]["max_turns"]):
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=2, do_sample=False, pad_token_id=eos)
+            reply = out[0, len(ids):].tolist()
+            observation, reward, terminated, truncated, _ = env.step(tokenizer.decode(reply, skip_special_tokens=True))
+            if terminated or truncated:
+                solved = reward > 0
+                break
+            ids += reply + turns.after(tokenizer, reply, observation)
+        counts[kind][0] += 1
+        counts[kind][1] += solved
+    return {kind: {"rooms": n, "solved": k, "success": round(k / max(n, 1), 3)} for kind, (n, k) in counts.items()}
+
+
 def main(overrides: list[str]) -> None:
     run_dir = ROOT / "runs" / f"sokoban-curve-{time.strftime('%Y%m%d-%H%M%S')}"
     command = ["cadence", "train", "--config", CONFIG, *overrides]
@@ -68,6 +102,9 @@ def main(overrides: list[str]) -> None:
         "command_wall_seconds": round(wall, 1),
         "curve": points,
         "reward_mean_per_step": rewards,
+        "by_novelty_before": solved_by_novelty(config["model"]["path"], held_out),
+        "by_novelty_after": solved_by_novelty(str(max((run_dir / "checkpoints").glob("step_*"),
+                                                      key=lambda d: int(d.name.split("_")[1]))), held_out),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
