@@ -22,6 +22,7 @@ def token_balanced_bins(lengths: Tensor, n: int) -> list[Tensor]:
     """
     if n < 1:
         raise ValueError(f"token_balanced_bins: n must be >= 1, got {n}")
+    device, lengths = lengths.device, lengths.cpu()  # a Python loop over rows: one copy, not a GPU sync per row
     order = lengths.argsort(descending=True, stable=True).tolist()
     loads = [0] * n
     bins: list[list[int]] = [[] for _ in range(n)]
@@ -29,7 +30,7 @@ def token_balanced_bins(lengths: Tensor, n: int) -> list[Tensor]:
         lightest = min(range(n), key=lambda b: (loads[b], b))
         bins[lightest].append(row)
         loads[lightest] += int(lengths[row])
-    return [torch.tensor(sorted(b), dtype=torch.long, device=lengths.device) for b in bins]
+    return [torch.tensor(sorted(b), dtype=torch.long, device=device) for b in bins]
 
 
 def rank_rows(rows: Tensor, lengths: Tensor, rank: int, world: int) -> Tensor:
