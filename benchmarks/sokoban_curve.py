@@ -8,6 +8,7 @@ demonstrations already contained, and the machine's load average before and
 after (the machine may be shared).
 
     python benchmarks/sokoban_curve.py [override ...]
+    python benchmarks/sokoban_curve.py --table     # only rewrite the docs table from the json
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py beside th
 from frozenlake_curve import curve  # noqa: E402
 from harness import cpu_model  # noqa: E402
 
+from cadence.observe.report import write_doc_table  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "examples/sokoban.yaml"
 WARM_UP = "cadence/configs/sft_sokoban.yaml"
 OUT = ROOT / "docs" / "results" / "sokoban.json"
+DOC = ROOT / "docs" / "agentic.md"
 
 
 def rooms_seen_in_warm_up(held_out: int) -> float:
@@ -77,6 +81,21 @@ def solved_by_novelty(model_path: str, rooms: int) -> dict:
     return {kind: {"rooms": n, "solved": k, "success": round(k / max(n, 1), 3)} for kind, (n, k) in counts.items()}
 
 
+def table(result: dict) -> str:
+    """The docs table: held-out success at each evaluation, for this run and any earlier one kept."""
+    runs = [(f"{result['config']['trainer']['lr']:g} (the example)", result)]
+    runs += [(key.rsplit("_", 1)[1], run) for key, run in result.items() if key.startswith("earlier_run_lr_")]
+    steps = [p["step"] for p in result["curve"]]
+    head = " | ".join(["before" if s == 0 else f"step {s}" for s in steps])
+    rows = [f"| lr | held-out success: {head} | training seconds | load average before / after |",
+            "|" + "---|" * (len(steps) + 3)]
+    for lr, run in runs:
+        success = " | ".join(f"{p['held_out_success']:.2f}" for p in run["curve"])
+        rows.append(f"| {lr} | {success} | {run['train_seconds']:.0f} | "
+                    f"{run['loadavg_before'][0]:.1f} / {run['loadavg_after'][0]:.1f} |")
+    return "\n".join(rows)
+
+
 def main(overrides: list[str]) -> None:
     run_dir = ROOT / "runs" / f"sokoban-curve-{time.strftime('%Y%m%d-%H%M%S')}"
     command = ["cadence", "train", "--config", CONFIG, *overrides]
@@ -102,6 +121,9 @@ def main(overrides: list[str]) -> None:
         "command_wall_seconds": round(wall, 1),
         "curve": points,
         "reward_mean_per_step": rewards,
+        "turns_per_episode_per_step": [[r["step"], round(r["rollout/turns_per_episode"], 2)]
+                                       for r in records if r["step"] > 0],
+        "prefill_tokens_saved_fraction": round(records[-1].get("rollout/prefill_tokens_saved_fraction", 0.0), 3),
         "by_novelty_before": solved_by_novelty(config["model"]["path"], held_out),
         "by_novelty_after": solved_by_novelty(str(max((run_dir / "checkpoints").glob("step_*"),
                                                       key=lambda d: int(d.name.split("_")[1]))), held_out),
@@ -111,9 +133,13 @@ def main(overrides: list[str]) -> None:
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_doc_table(DOC, "sokoban", table(result))
     print(f"held-out success {before:.3f} -> {after:.3f} ({result['change_points']:+.1f} points) in "
           f"{result['train_seconds']:.0f} s of training; wrote {OUT}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:] == ["--table"]:
+        write_doc_table(DOC, "sokoban", table(json.loads(OUT.read_text())))
+    else:
+        main(sys.argv[1:])
