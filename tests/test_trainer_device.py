@@ -131,6 +131,14 @@ def test_cuda_without_a_gpu_is_a_config_error(monkeypatch):
     assert resolve_device(load_config(None, []).trainer.device) == torch.device("cpu")  # auto
 
 
+def test_inline_cuda_ranks_need_a_gpu_each(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"trainer_workers=2 with trainer\.device=auto needs a GPU per rank"):
+        load_config(None, ["runtime.trainer_workers=2"])
+    assert load_config(None, ["runtime.trainer_workers=2", "trainer.device=cpu"]).trainer.device == "cpu"
+
+
 def test_a_gpu_run_resumes_on_cpu_without_allow_change():
     """Checkpoint state is on CPU whatever the device, so the device is free to change on resume."""
     saved, now = {"trainer": {"device": "cuda", "lr": 1}}, {"trainer": {"device": "cpu", "lr": 1}}

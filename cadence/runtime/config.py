@@ -124,6 +124,15 @@ def _check_trainer_workers(runtime: RuntimeConfig, rollout: RolloutConfig, train
             f"runtime.trainer_workers={ranks} exceeds the {cores} CPUs of this machine (one per rank); "
             f"set runtime.trainer_workers<={cores}, or runtime.kind=ray on a cluster"
         )
+    import torch  # loaded by the config already
+
+    from cadence.train.device import wants_cuda
+
+    if rt.kind == "inline" and wants_cuda(trainer.device) and ranks > torch.cuda.device_count():
+        raise ValueError(
+            f"runtime.trainer_workers={ranks} with trainer.device={trainer.device} needs a GPU per rank (NCCL) and "
+            f"this machine has {torch.cuda.device_count()}; lower runtime.trainer_workers, or set trainer.device=cpu"
+        )
     mini = rollout.prompts_per_step * rollout.group_size // trainer.mini_batches
     if mini < ranks:
         raise ValueError(

@@ -149,17 +149,10 @@ class TrainerGroup:
             TrainerRank(r, self.world, build, trainer_cfg.strategy, trainer_cfg.cpu_offload, threads, trainer_cfg.device)
             for r in range(self.world)
         ]
-        cuda = wants_cuda(trainer_cfg.device)
         if self.kind == "ray":
             # A CUDA rank needs a GPU of its own: one each unless runtime.trainer_gpus says otherwise.
-            self._start_ray(ranks, runtime, runtime.trainer_gpus or (1 if cuda else 0))
-        else:
-            if cuda and self.world > torch.cuda.device_count():
-                raise ValueError(
-                    f"runtime.trainer_workers={self.world} with trainer.device={trainer_cfg.device} needs a GPU per "
-                    f"rank (this machine has {torch.cuda.device_count()}); lower runtime.trainer_workers or set "
-                    "trainer.device=cpu"
-                )
+            self._start_ray(ranks, runtime, runtime.trainer_gpus or (1 if wants_cuda(trainer_cfg.device) else 0))
+        else:  # one GPU per inline rank: checked when the config loads (check_runtime)
             self._start_processes(ranks)
         self.version = 0
 
