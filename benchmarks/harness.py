@@ -58,6 +58,38 @@ def train_run(overrides: list[str], run_dir: str | None = None) -> TrainedRun:
     return TrainedRun(cfg, summary, records, wall_s, began, ended)
 
 
+@dataclass
+class ExampleRun:
+    """`cadence train --config <example>` run as a user runs it, in a child process."""
+
+    command: str  # what a user types to reproduce it
+    run_dir: Path
+    records: list[dict[str, Any]]  # metrics.jsonl, step 0 (the evaluation before training) included
+    wall_s: float
+    loadavg_before: tuple[float, float, float]
+    loadavg_after: tuple[float, float, float]
+
+
+def run_example(config: str, overrides: list[str], name: str) -> ExampleRun:
+    """Run `cadence train --config config [overrides]` from the checkout's root into
+    runs/<name>-<time>, and read its metrics; the load average is kept because the machine
+    may be shared."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    run_dir = root / "runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = ["cadence", "train", "--config", config, *overrides]
+    load_before, began = os.getloadavg(), time.perf_counter()
+    subprocess.run([sys.executable, "-m", "cadence", *command[1:], "logging.progress=false",
+                    f"logging.run_dir={run_dir}"], cwd=root, check=True)
+    wall_s, load_after = time.perf_counter() - began, os.getloadavg()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return ExampleRun(" ".join(command), run_dir, records, wall_s, load_before, load_after)
+
+
 def timed_steps(records: list[dict[str, Any]], warmup: int) -> tuple[list[dict[str, Any]], float, float]:
     """The steps after the first `warmup`, their seconds, and the samples trained in them."""
     timed = records[warmup:]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py beside this script
 from frozenlake_curve import curve  # noqa: E402
-from harness import cpu_model  # noqa: E402
+from harness import cpu_model, run_example  # noqa: E402
 
 from cadence.observe.report import write_doc_table  # noqa: E402
 
@@ -97,20 +96,15 @@ def table(result: dict) -> str:
 
 
 def main(overrides: list[str]) -> None:
-    run_dir = ROOT / "runs" / f"sokoban-curve-{time.strftime('%Y%m%d-%H%M%S')}"
-    command = ["cadence", "train", "--config", CONFIG, *overrides]
-    load_before, began = os.getloadavg(), time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cadence", *command[1:], "logging.progress=false",
-                    f"logging.run_dir={run_dir}"], cwd=ROOT, check=True)
-    wall, load_after = time.perf_counter() - began, os.getloadavg()
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run = run_example(CONFIG, overrides, "sokoban-curve")
+    records = run.records
     points = curve(records)
     before, after = points[0]["held_out_success"], points[-1]["held_out_success"]
     config = yaml.safe_load((ROOT / CONFIG).read_text())
     held_out = config["eval"]["episodes"]
     rewards = [[r["step"], round(r["reward/mean"], 4)] for r in records if r["step"] > 0]
     result = {
-        "command": " ".join(command),
+        "command": run.command,
         "config": config,
         "held_out_episodes": held_out,
         "held_out_rooms_seen_in_warm_up": round(rooms_seen_in_warm_up(held_out), 3),
@@ -118,17 +112,17 @@ def main(overrides: list[str]) -> None:
         "after": after,
         "change_points": round(100 * (after - before), 1),
         "train_seconds": points[-1]["train_seconds"],
-        "command_wall_seconds": round(wall, 1),
+        "command_wall_seconds": round(run.wall_s, 1),
         "curve": points,
         "reward_mean_per_step": rewards,
         "turns_per_episode_per_step": [[r["step"], round(r["rollout/turns_per_episode"], 2)]
                                        for r in records if r["step"] > 0],
         "prefill_tokens_saved_fraction": round(records[-1].get("rollout/prefill_tokens_saved_fraction", 0.0), 3),
         "by_novelty_before": solved_by_novelty(config["model"]["path"], held_out),
-        "by_novelty_after": solved_by_novelty(str(max((run_dir / "checkpoints").glob("step_*"),
+        "by_novelty_after": solved_by_novelty(str(max((run.run_dir / "checkpoints").glob("step_*"),
                                                       key=lambda d: int(d.name.split("_")[1]))), held_out),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in load_after],
+        "loadavg_before": [round(x, 2) for x in run.loadavg_before],
+        "loadavg_after": [round(x, 2) for x in run.loadavg_after],
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
