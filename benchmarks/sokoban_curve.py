@@ -81,17 +81,19 @@ def solved_by_novelty(model_path: str, rooms: int) -> dict:
 
 
 def table(result: dict) -> str:
-    """The docs table: held-out success at each evaluation, for this run and any earlier one kept."""
-    runs = [(f"{result['config']['trainer']['lr']:g} (the example)", result)]
-    runs += [(key.rsplit("_", 1)[1], run) for key, run in result.items() if key.startswith("earlier_run_lr_")]
+    """The docs table: held-out success at each evaluation, for this run and the earlier runs kept
+    (`earlier_run_*` entries, each with a `label`)."""
+    runs = [(f"the example (lr {result['config']['trainer']['lr']:g})", result)]
+    runs += [(run["label"], run) for key, run in result.items() if key.startswith("earlier_run_")]
     steps = [p["step"] for p in result["curve"]]
     head = " | ".join(["before" if s == 0 else f"step {s}" for s in steps])
-    rows = [f"| lr | held-out success: {head} | training seconds | load average before / after |",
+    rows = [f"| run | held-out success: {head} | training seconds | load average before / after |",
             "|" + "---|" * (len(steps) + 3)]
     for lr, run in runs:
         success = " | ".join(f"{p['held_out_success']:.2f}" for p in run["curve"])
-        rows.append(f"| {lr} | {success} | {run['train_seconds']:.0f} | "
-                    f"{run['loadavg_before'][0]:.1f} / {run['loadavg_after'][0]:.1f} |")
+        load = (f"{run['loadavg_before'][0]:.1f} / {run['loadavg_after'][0]:.1f}" if run.get("loadavg_before")
+                else "not recorded")
+        rows.append(f"| {lr} | {success} | {run['train_seconds']:.0f} | {load} |")
     return "\n".join(rows)
 
 
