@@ -53,3 +53,14 @@ def test_the_shipped_sokoban_model_trains_from_the_example_and_is_evaluated(tmp_
     assert steps[-1]["progress/samples_total"] == 2 * 2 * 4  # 2 steps of 2 rooms x 4 episodes
     assert steps[-1]["rollout/turns_per_episode"] >= 1
     assert steps[-1]["rollout/prefill_tokens_saved_total"] > 0  # later turns continued their context
+
+
+def test_an_episode_budget_never_passes_the_models_positions():
+    """The shipped model knows 1024 positions; the default budget (2048) is capped to it."""
+    from cadence.rollout.episode_worker import EpisodeWorker
+
+    cfg = load_config(EXAMPLE, ["eval.before=false"])
+    assert cfg.rollout.max_context_tokens == 2048
+    worker = EpisodeWorker(cfg)
+    assert worker.context_budget == 1024 == worker.rollout.max_context_tokens
+    worker.close()

@@ -82,7 +82,8 @@ class RolloutConfig(BaseModel):
     )
     max_context_tokens: int = Field(
         2048, gt=0, description="Agentic runs: an episode's token budget (first observation, model "
-        "turns and observations); a turn that would not fit ends the episode as truncated."
+        "turns and observations); a turn that would not fit ends the episode as truncated. Capped at "
+        "the model's max_position_embeddings."
     )
     simulate_lengths: LengthSimulation | None = Field(
         None, description="Benchmark mode only: forced long-tailed response lengths (see LengthSimulation)."

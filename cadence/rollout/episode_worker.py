@@ -58,7 +58,12 @@ class EpisodeWorker:
         self.alpha = ro.async_ratio
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.turns = turn_format(cfg.env, self.tokenizer)  # chat template or plain text; before the weights load
-        self.engine = build_engine(ro.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
+        policy = load_policy(cfg.model.path).eval()
+        # An episode never grows past the positions the model was built for (a tiny shipped model
+        # knows 1024): the budget is the smaller of the config's and the model's.
+        self.context_budget = min(ro.max_context_tokens, getattr(policy.config, "max_position_embeddings", None)
+                                  or ro.max_context_tokens)
+        self.engine = build_engine(ro.engine, policy, self.tokenizer)
         self.hub = InferenceHub([self.engine])
         stop = list(ro.stop or [])
         self.params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop)
@@ -68,7 +73,7 @@ class EpisodeWorker:
         lockstep = {"batch_groups": self.quota} if ro.env_mode == "lockstep" else {}
         self.rollout = (LockstepRollout if lockstep else EnvRollout)(
             self.hub, self._runner, self.tokenizer, self.params, self.buffer, ro.group_size,
-            redundancy=ro.redundancy, max_context_tokens=ro.max_context_tokens, turns=self.turns,
+            redundancy=ro.redundancy, max_context_tokens=self.context_budget, turns=self.turns,
             first_seed=1000 * (cfg.seed + 1) + 10**6 * index, **lockstep,
         )
         self.version = 0
@@ -213,7 +218,7 @@ class EpisodeWorker:
         try:
             episode = await run_episode(
                 self.hub, runner, self.tokenizer, self.eval_params, seed, episode_id, turns=self.turns,
-                max_context_tokens=self.cfg.rollout.max_context_tokens,
+                max_context_tokens=self.context_budget,
             )
         finally:
             await runner.close()
