@@ -1,6 +1,6 @@
 """Environment-level async vs lock-step rollout under slow, fail-slow and fail-stop environments.
 
-    python benchmarks/env_async.py            # the tables in docs/agentic.md (~55 min on 2 cores)
+    python benchmarks/env_async.py            # the tables in docs/agentic.md (~1 h on 2 busy cores)
     python benchmarks/env_async.py --quick    # smoke run (mock engine, no sweep; writes no docs)
 
 Every variant is an end-to-end `cadence train` run in this process (inline
