@@ -112,6 +112,7 @@ def plot(points: list[dict], path: Path) -> None:
 def main(overrides: list[str]) -> None:
     run_dir = ROOT / "runs" / f"frozenlake-curve-{time.strftime('%Y%m%d-%H%M%S')}"
     command = ["cadence", "train", "--config", CONFIG, *overrides]
+    config = yaml.safe_load((ROOT / CONFIG).read_text())  # as the run read it
     load_before, began = os.getloadavg(), time.perf_counter()
     subprocess.run([sys.executable, "-m", "cadence", *command[1:], "logging.progress=false",
                     f"logging.run_dir={run_dir}"], cwd=ROOT, check=True)
@@ -119,7 +120,6 @@ def main(overrides: list[str]) -> None:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     points = curve(records)
     before, after = points[0]["held_out_success"], points[-1]["held_out_success"]
-    config = yaml.safe_load((ROOT / CONFIG).read_text())
     result = {
         "command": " ".join(command),
         "config": config,
