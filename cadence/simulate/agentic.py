@@ -27,7 +27,7 @@ import time
 from cadence.envs.latency import with_latency
 from cadence.envs.runner import EnvRunner
 from cadence.inference.mock import MockEngine
-from cadence.inference.types import SamplingParams
+from cadence.inference.types import GenRequest, GenResult, SamplingParams
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.episode_worker import EpisodeWorker
@@ -39,6 +39,50 @@ from cadence.simulate.costs import engine_latencies, replica_slots, train_step_s
 from cadence.simulate.stand_ins import LengthTokenizer, LengthTurns, TurnsEnv, answer_text
 from cadence.simulate.virtual_asyncio import VirtualTimeHub, VirtualTimeLoop
 from cadence.simulate.worker import NoTimeline
+
+
+class PrefixCachingEngine(MockEngine):
+    """The mock engine with a prefix cache (vLLM's), for the cost only: an episode's turn
+    prefills just the tokens its previous turn did not leave in the cache (that turn's
+    output is cached; the new observation is not). Without it every turn would prefill its
+    whole context again, a cost that grows with the square of the turns."""
+
+    def __init__(self, *, prefill_latency_s: float, **settings: object) -> None:
+        super().__init__(prefill_latency_s=0.0, **settings)  # charged here instead, cache-aware
+        self.prefill_token_s = prefill_latency_s
+        self._cached: dict[str, int] = {}  # cache key (the episode) -> tokens its KV cache holds
+        self._keys: dict[str, str] = {}  # request id -> cache key
+
+    def add_request(self, req: GenRequest) -> None:
+        super().add_request(req)
+        if req.cache_key is not None:
+            self._keys[req.request_id] = req.cache_key
+
+    def step(self) -> list[GenResult]:
+        free = self.max_batch_size - len(self._running)
+        admitted = list(self._waiting)[: max(0, free)]  # what MockEngine.step admits now
+        new_tokens = 0
+        for seq in admitted:
+            cached = self._cached.get(self._keys.get(seq.req.request_id, ""), 0)
+            new_tokens += len(seq.req.prompt_ids) - min(cached, len(seq.req.prompt_ids))
+        done = super().step()
+        if new_tokens:
+            cost = self.prefill_token_s * new_tokens
+            self._advance(cost)
+            self._stats["busy_s"] += cost
+        for result in done:
+            key = self._keys.pop(result.request_id, None)
+            if key is not None:
+                self._cached[key] = len(result.prompt_ids) + len(result.token_ids)
+        return done
+
+    def abort(self, request_id: str) -> GenResult | None:
+        self._keys.pop(request_id, None)
+        return super().abort(request_id)
+
+    def forget(self, cache_key: str) -> None:
+        """The episode ended: its cache entry goes (the hub calls this)."""
+        self._cached.pop(cache_key, None)
 
 
 class _SignalledBuffer(SampleBuffer):
@@ -143,7 +187,7 @@ class AgenticSim:
         for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
             engines = []
             for _ in range(replicas):
-                engines.append(MockEngine(
+                engines.append(PrefixCachingEngine(
                     max_batch_size=slots, seed=cfg.run.seed * 1_000_003 + engine_index, length_dist=w.length_dist,
                     median_tokens=max(1, round(w.median_tokens / k)), sigma=w.sigma, virtual_clock=True,
                     step_latency_s=lat.step_latency_s, per_token_latency_s=lat.per_token_latency_s,

@@ -103,3 +103,23 @@ def test_an_agentic_run_repeats_exactly_and_the_seed_matters():
     one = _run(*noisy)
     assert _run(*noisy).step_s == one.step_s  # the latency draws do not depend on earlier runs
     assert _run(*noisy, "run.seed=1").step_s != one.step_s
+
+
+def test_a_turn_prefills_only_what_its_episode_did_not_cache():
+    from cadence.inference.types import GenRequest, SamplingParams
+    from cadence.simulate.agentic import PrefixCachingEngine
+
+    engine = PrefixCachingEngine(prefill_latency_s=1.0, length_dist="fixed", median_tokens=2, virtual_clock=True)
+    params = SamplingParams(max_new_tokens=8)
+
+    def turn(request_id: str, prompt: int) -> float:
+        before = engine.clock()
+        engine.add_request(GenRequest(request_id, [1] * prompt, params, cache_key="episode"))
+        while engine.has_unfinished():
+            engine.step()
+        return engine.clock() - before
+
+    assert turn("t0", 10) == 10.0  # nothing cached: the whole first observation
+    assert turn("t1", 10 + 2 + 3) == 3.0  # the first turn's 12 tokens are cached; 3 new observation tokens
+    engine.forget("episode")
+    assert turn("t2", 15) == 15.0
