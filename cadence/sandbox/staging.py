@@ -6,17 +6,18 @@ mode 700) cannot be bound, and `--ro-bind-fd` does not help: bwrap canonicalises
 and walks it again. Staging fixes that without touching the host's permissions or mount table:
 the one thread that forks every sandbox (sandbox.py's spawner) moves into a private mount
 namespace of its own, and there bind-mounts each such folder (or file) on an empty, world-
-traversable mount point under a staging folder in /tmp. Its bwrap children inherit that
+traversable mount point in a staging folder under /tmp. Its bwrap children inherit that
 namespace and bind the staged path, read-only, at a neutral path inside the sandbox. On the host
-the staging folder holds empty mount points only; nothing else sees the mounts.
+the staging folder holds empty mount points only (one per staged path, shared by every process
+of this user, so nothing piles up); nothing else sees the mounts.
 """
 
 from __future__ import annotations
 
-import atexit
 import ctypes
+import hashlib
 import os
-import shutil
+import stat
 import tempfile
 import threading
 
@@ -24,12 +25,9 @@ from cadence.sandbox.models import IsolationUnavailable
 
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_SLAVE, MNT_DETACH = 4096, 16384, 1 << 19, 2
+ROOT = os.path.join(tempfile.gettempdir(), f"cadence-sandbox-stage-{os.geteuid()}")
 
-_lock = threading.Lock()
-_root: str | None = None  # this process's staging folder
-_root_pid = 0
-_points: dict[str, str] = {}  # host path -> its mount point under _root
-_thread = threading.local()  # per thread: is it in its private namespace, and what is mounted there
+_thread = threading.local()  # per thread: has it moved into its private mount namespace
 
 
 def _libc_call(name: str, *args: object) -> None:
@@ -39,36 +37,42 @@ def _libc_call(name: str, *args: object) -> None:
         raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def _cleanup(root: str, pid: int) -> None:
-    if os.getpid() == pid:  # a forked child must not remove its parent's folder
-        shutil.rmtree(root, ignore_errors=True)
+def _root() -> str:
+    """The staging folder: ours, and writable by nobody else (its entries become mount targets)."""
+    try:
+        os.mkdir(ROOT, 0o755)
+    except FileExistsError:
+        pass
+    st = os.lstat(ROOT)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise IsolationUnavailable(f"{ROOT}: not a folder of this user that only it can write; remove it")
+    if st.st_mode & 0o777 != 0o755:
+        os.chmod(ROOT, 0o755)  # mkdir's mode went through the umask; bwrap's uid walks through it
+    return ROOT
 
 
 def staged_path(host_path: str) -> str:
     """The path bwrap binds instead of `host_path` (mounted there by `mount_staged` on the spawner
-    thread). The same host path always gets the same mount point in one process."""
-    global _root, _root_pid
-    host_path = os.path.realpath(host_path)
-    with _lock:
-        if _root is None or _root_pid != os.getpid():
-            _root, _root_pid = tempfile.mkdtemp(prefix="cadence-sandbox-stage-"), os.getpid()
-            os.chmod(_root, 0o755)  # bwrap, as the sandbox's uid, walks through it
-            _points.clear()
-            atexit.register(_cleanup, _root, _root_pid)
-        point = _points.get(host_path)
-        if point is None:
-            point = os.path.join(_root, str(len(_points)))
-            if os.path.isdir(host_path):
-                os.mkdir(point, 0o755)
-            else:
-                os.close(os.open(point, os.O_CREAT | os.O_WRONLY, 0o644))
-            _points[host_path] = point
-        return point
+    thread): the same host path always gets the same mount point."""
+    real = os.path.realpath(host_path)
+    is_dir = os.path.isdir(real)
+    name = hashlib.sha256(real.encode()).hexdigest()[:20] + (".d" if is_dir else ".f")
+    point = os.path.join(_root(), name)
+    try:
+        if is_dir:
+            os.mkdir(point, 0o755)
+        else:
+            os.close(os.open(point, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        pass
+    return point
 
 
 def mount_staged(host_paths: list[str]) -> None:
     """Bind `host_paths` on their mount points, in the calling thread's private mount namespace
-    (made on its first call). Call it from the thread that then forks bwrap."""
+    (made on its first call). Call it from the thread that then forks bwrap. A point that does not
+    show its path's file (not mounted yet, or a file replaced since: a bind pins the inode, and
+    editors save by renaming a new file over the old one) is mounted again."""
     if not host_paths:
         return
     try:
@@ -76,19 +80,18 @@ def mount_staged(host_paths: list[str]) -> None:
             _libc_call("unshare", CLONE_NEWNS)  # this thread only (a thread may: it implies CLONE_FS)
             # Slave: host mounts still reach us, ours never reach the host.
             _libc_call("mount", b"none", b"/", None, MS_REC | MS_SLAVE, None)
-            _thread.private, _thread.mounted = True, {}  # host path -> file version (None: a folder)
+            _thread.private = True
         for path in host_paths:
             real = os.path.realpath(path)
             point = staged_path(real)
-            st = os.stat(real)
-            version = None if os.path.isdir(real) else (st.st_dev, st.st_ino, st.st_mtime_ns)
-            if real in _thread.mounted:
-                if _thread.mounted[real] == version:
-                    continue
-                # A file bind pins its inode: an edited file (often a new inode) is bound again.
-                _libc_call("umount2", point.encode(), MNT_DETACH)
+            want, have = os.stat(real), os.stat(point)
+            if (have.st_dev, have.st_ino) == (want.st_dev, want.st_ino):
+                continue
+            try:
+                _libc_call("umount2", point.encode(), MNT_DETACH)  # a bind of a replaced file
+            except OSError:
+                pass  # nothing mounted there yet
             _libc_call("mount", real.encode(), point.encode(), None, MS_BIND | MS_REC, None)
-            _thread.mounted[real] = version
     except OSError as e:
         raise IsolationUnavailable(
             f"cannot stage {host_paths[0]} for the sandbox's uid ({e}): the sandbox service needs "

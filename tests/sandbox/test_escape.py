@@ -90,7 +90,7 @@ def test_the_interpreter_and_hosted_code_show_nothing_else_of_the_host(monkeypat
         assert set(eval(listing[1])) <= {"code", "python", "site"} and listing[2:] == ["['cadence']", "[]"]
         for path in ("/root", os.path.expanduser("~"), checkout, os.path.join(checkout, "README.md"),
                      os.path.abspath(__file__), "/opt/code/cadence/../README.md", "/opt/code/tests",
-                     "/opt/python/../../root", "/proc/1/root/root", staging._root or "/tmp/cadence-sandbox-stage-x"):
+                     "/opt/python/../../root", "/proc/1/root/root", staging.ROOT):
             r = sb.exec(f"ls -d {path} && cat {path}")
             assert r.exit_code != 0 and secret not in r.stdout, path
         found = sb.exec("find / -path /proc -prune -o -path /usr -prune -o -path /opt/python -prune "
@@ -103,8 +103,8 @@ def test_the_interpreter_and_hosted_code_show_nothing_else_of_the_host(monkeypat
         sb.stop()
     with open("/proc/self/mountinfo") as f:  # this test's main thread: the host's mount table
         assert "cadence-sandbox-stage" not in f.read()
-    for entry in os.listdir(staging._root) if staging._root else []:  # empty mount points only
-        full = os.path.join(staging._root, entry)
+    for entry in os.listdir(staging.ROOT) if os.path.isdir(staging.ROOT) else []:  # empty mount points only
+        full = os.path.join(staging.ROOT, entry)
         assert (os.listdir(full) == []) if os.path.isdir(full) else os.path.getsize(full) == 0
 
 
