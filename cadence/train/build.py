@@ -37,7 +37,7 @@ def build_trainer(
     if cfg.runtime.credit_actor:
         credit = RemoteCredit(
             policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus,
-            cfg.runtime.critic_resources,
+            cfg.runtime.critic_resources, max_restarts=cfg.runtime.actor_restarts, run_dir=cfg.run_dir(),
         )
     elif cfg.algorithm.credit != "none":
         credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)

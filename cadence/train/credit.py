@@ -11,6 +11,7 @@ samples.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -101,6 +102,8 @@ class RemoteCredit:
         pad_id: int,
         cpus: float,
         resources: dict[str, float] | None = None,
+        max_restarts: int = 3,
+        run_dir: Path | None = None,
     ) -> None:
         from cadence.models.loading import load_policy
 
@@ -108,12 +111,19 @@ class RemoteCredit:
             torch.set_num_threads(max(1, int(cpus)))
             return AttentionCredit(load_policy(policy_path), credit, cfg, pad_id)
 
-        self._call = remote_object(make, cpus, resources)
+        # actor_attn keeps no state of its own, only the policy's last weights: a dead actor is
+        # replaced in place and given them again (restarts.jsonl, runtime.actor_restarts times).
+        self._call = remote_object(make, cpus, resources, role="actor_attn", max_restarts=max_restarts,
+                                   run_dir=run_dir, restore=lambda ask: ask("sync_weights", *self._weights))
         self.last_seconds = 0.0
         self.sync(policy, 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
 
     def sync(self, policy: PreTrainedModel, version: int) -> None:
-        self._call("sync_weights", {k: v.detach().cpu() for k, v in policy.state_dict().items()}, version)
+        import ray
+
+        # One object-store copy, kept (the driver owns it) for a replacement actor.
+        self._weights = (ray.put({k: v.detach().cpu() for k, v in policy.state_dict().items()}), version)
+        self._call("sync_weights", *self._weights)
 
     def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
         gammas, metrics = self._call("gammas", batch.to("cpu"))  # the object store holds host memory

@@ -145,7 +145,9 @@ class RemoteCritics:
             torch.set_num_threads(max(1, int(cpus)))
             return CriticEnsemble(cfg, load_policy(policy_path), policy_path, seed, micro_batch_size)
 
-        self._call = remote_object(make, cpus, resources)
+        # No restore: the critics' weights and moments change every step and live only in the actor; a
+        # dead one raises ActorDiedError and the run resumes from the last checkpoint (supervisor).
+        self._call = remote_object(make, cpus, resources, role="critic")
         self.num_critics = cfg.num_critics
 
     # Batches travel on CPU (the object store holds host memory); values come back to the batch's device.
