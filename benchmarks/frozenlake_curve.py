@@ -90,6 +90,35 @@ def hole_probe(model_path: str = "builtin:frozenlake", maps: int = 200) -> dict:
     return out
 
 
+def reference_policies(maps: int = 200) -> dict[str, float]:
+    """Held-out success of scripted players, for scale: the habit (walk as if there were no holes),
+    the habit unless its move steps straight into a hole (all the neighbour line can tell), the expert."""
+    from cadence.envs.expert import hole_blind_action
+    from cadence.envs.frozenlake import FrozenLakeEnv
+
+    config = yaml.safe_load((ROOT / CONFIG).read_text())
+    env = FrozenLakeEnv(**config["env"]["kwargs"])
+
+    def line_reader(e: FrozenLakeEnv) -> str:
+        habit = hole_blind_action(e)
+        return e.expert_action() if f"{habit[0]}:H" in e.neighbour_line() else habit
+
+    players = {"habit": hole_blind_action, "habit_unless_into_hole": line_reader,
+               "expert": lambda e: e.expert_action()}
+    out = {}
+    for name, player in players.items():
+        wins = 0.0
+        for i in range(maps):
+            env.reset(10**9 + i)
+            for _ in range(config["env"]["max_turns"]):
+                _, reward, terminated, _, _ = env.step(player(env))
+                if terminated:
+                    wins += reward
+                    break
+        out[name] = wins / maps
+    return out
+
+
 def plot(points: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -131,6 +160,7 @@ def main(overrides: list[str]) -> None:
         "command_wall_seconds": round(wall, 1),
         "curve": points,
         "reward_mean_per_step": [[r["step"], round(r["reward/mean"], 4)] for r in records if r["step"] > 0],
+        "reference_policies": reference_policies(),
         "probe_before": hole_probe(),
         "probe_after": hole_probe(str(max((run_dir / "checkpoints").glob("step_*"),
                                           key=lambda d: int(d.name.split("_")[1])))),
