@@ -185,8 +185,10 @@ def serve(cfg: PoolConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     try:
         print(f"cadence sandbox service on http://{host}:{port} (token in {token_file}, events in "
               f"{cfg.events_path})", file=sys.stderr, flush=True)
+        # Idle connections outlive the clients' (httpx drops its own after 5 s): a server that closes
+        # one first races a request just sent on it, which the client sees as a ReadError.
         uvicorn.run(create_app(pool, token, close_pool_at_shutdown=True), host=host, port=port,
-                    log_level="warning")
+                    log_level="warning", timeout_keep_alive=75)
     finally:
         pool.close()  # (a no-op when the shutdown already closed it)
 
