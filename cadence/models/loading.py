@@ -3,7 +3,7 @@
 `model.path` is either a folder that `AutoModelForCausalLM.from_pretrained`
 reads, or one of the small models shipped inside the package (made by
 `cadence sft`): `builtin`, the arithmetic model (`cadence/configs/sft_arith.yaml`),
-`builtin:frozenlake` (`cadence/configs/sft_frozenlake.yaml`) or `builtin:sokoban`
+`builtin:frozenlake` (`cadence/configs/sft_frozenlake_turns.yaml`, then `sft_frozenlake.yaml`) or `builtin:sokoban`
 (`cadence/configs/sft_sokoban.yaml`).
 """
 
@@ -22,11 +22,12 @@ from transformers import (
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DIR = ASSETS / "arith-tiny"
-# model.path name -> (shipped folder, the sft config that regenerates it)
+# model.path name -> (shipped folder, the sft command(s) that regenerate it)
 BUILTINS = {
-    "builtin": (BUILTIN_DIR, "cadence/configs/sft_arith.yaml"),
-    "builtin:frozenlake": (ASSETS / "frozenlake-tiny", "cadence/configs/sft_frozenlake.yaml"),
-    "builtin:sokoban": (ASSETS / "sokoban-tiny", "cadence/configs/sft_sokoban.yaml"),
+    "builtin": (BUILTIN_DIR, "cadence sft --config cadence/configs/sft_arith.yaml"),
+    "builtin:frozenlake": (ASSETS / "frozenlake-tiny", "cadence sft --config cadence/configs/sft_frozenlake_turns.yaml "
+                           "&& cadence sft --config cadence/configs/sft_frozenlake.yaml"),
+    "builtin:sokoban": (ASSETS / "sokoban-tiny", "cadence sft --config cadence/configs/sft_sokoban.yaml"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +46,7 @@ def model_path_problem(path: str) -> str | None:
     if path in BUILTINS and not (folder / "config.json").exists():
         return (
             f"the built-in model is missing from {folder}; regenerate it with "
-            f"`cadence sft --config {BUILTINS[path][1]}`"
+            f"`{BUILTINS[path][1]}`"
         )
     if path.startswith("builtin:") and path not in BUILTINS:
         return f"no built-in model {path!r}; the built-ins are {', '.join(BUILTINS)}"
