@@ -1,4 +1,4 @@
-"""`cadence simulate`: a discrete-event simulator of an RLVR run on a GPU cluster.
+"""`cadence simulate`: a discrete-event simulator of an RLVR or agentic run on a GPU cluster.
 
 cadence's own scheduler (RolloutWorker admission under alpha, RLVRRollout's
 queue scheduling and prompt replication, the InferenceHub's routing, the
@@ -13,5 +13,7 @@ compute-bound model, on a virtual clock. See docs/scaling.md.
     stand_ins.py   tokenizer / reward / prompts a simulated worker needs
     worker.py      RolloutWorker on mock replicas, stepped by the event queue
     cluster.py     one run: workers + trainer -> throughput, staleness, step times
-    sweeps.py      the questions: scaling, split, alpha, tail
+    virtual_asyncio.py  an asyncio loop on virtual time, and a hub whose rounds take it
+    agentic.py     one agentic run: EpisodeWorker's rollout of episodes on that loop
+    sweeps.py      the questions: scaling, split, alpha, tail, agentic, env latency
 """
