@@ -145,8 +145,8 @@ def run_variant(engine: str, name: str, alpha: int, overrides: list[str], steps:
 
 
 def ratio_to(rows: list[dict], row: dict, variant: str) -> float:
-    base = next(r for r in rows if r["engine"] == row["engine"] and r["variant"] == variant and r["alpha"] == 0)
-    return row["episodes_per_s"] / base["episodes_per_s"]
+    base = next((r for r in rows if r["engine"] == row["engine"] and r["variant"] == variant and r["alpha"] == 0), None)
+    return row["episodes_per_s"] / base["episodes_per_s"] if base else float("nan")  # (a subset run)
 
 
 def setting(meta: dict, key: str) -> str:
@@ -211,6 +211,9 @@ def main() -> None:
     ap.add_argument("--sweep-steps", type=int, default=3, help="training steps of each sweep run (warm-up included)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--sweep-engines", nargs="*", default=["mock"], choices=list(ENGINES))
+    ap.add_argument("--alphas", nargs="+", type=int, default=list(ALPHAS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                    help="a subset (with --out: a side run that leaves docs/agentic.md alone)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here (default: only in a full run)")
     ap.add_argument("--report", action="store_true", help="only rewrite the docs table from the results JSON")
@@ -218,14 +221,18 @@ def main() -> None:
     if args.report:
         write_doc(markdown(json.loads(RESULTS.read_text())))
         return
+    full = set(args.variants) == set(VARIANTS) and set(args.alphas) == set(ALPHAS)
+    if not full and args.out is None and not args.quick:
+        ap.error("a subset of --variants/--alphas needs --out (it must not replace the full results)")
     steps, warmup = (2, 1) if args.quick else (args.steps, args.warmup)
     extra = QUICK if args.quick else []
     engines = ["mock"] if args.quick else args.engines
     began, load_before = time.perf_counter(), os.getloadavg()
     rows, sweep = [], []
     for engine in engines:
-        for alpha in ALPHAS:
-            for name, overrides in VARIANTS.items():
+        for alpha in args.alphas:
+            for name in args.variants:
+                overrides = VARIANTS[name]
                 rows.append(run_variant(engine, name, alpha, overrides, steps, warmup, extra))
                 print(json.dumps(rows[-1]), flush=True)
     for engine in args.sweep_engines if not args.quick else []:  # the sweep's runs are run_variant's too
@@ -252,7 +259,7 @@ def main() -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
-    if not args.quick:
+    if not args.quick and full:
         write_doc(table)
 
 
