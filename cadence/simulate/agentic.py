@@ -33,9 +33,9 @@ from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.episode_worker import EpisodeWorker
 from cadence.rollout.lockstep import LockstepRollout
 from cadence.rollout.sample import Group
-from cadence.simulate.cluster import SimResult, StepRecord, layout, summarise
+from cadence.simulate.cluster import SimResult, StepRecord, layout, sim_engine, summarise
 from cadence.simulate.config import EnvSpec, SimConfig
-from cadence.simulate.costs import engine_latencies, replica_slots, train_step_s, weight_sync_s
+from cadence.simulate.costs import train_step_s, weight_sync_s
 from cadence.simulate.stand_ins import LengthTokenizer, LengthTurns, TurnsEnv, answer_text
 from cadence.simulate.virtual_asyncio import VirtualTimeHub, VirtualTimeLoop
 from cadence.simulate.worker import NoTimeline
@@ -180,20 +180,13 @@ class AgenticSim:
 
     def _build(self) -> None:
         cfg, w, k = self.cfg, self.cfg.workload, self.k
-        lat, slots = engine_latencies(cfg), replica_slots(cfg)
         self.arrived = asyncio.Event()
         self.workers: list[SimEpisodeWorker] = []
         engine_index = 0
         for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
             engines = []
             for _ in range(replicas):
-                engines.append(PrefixCachingEngine(
-                    max_batch_size=slots, seed=cfg.run.seed * 1_000_003 + engine_index, length_dist=w.length_dist,
-                    median_tokens=max(1, round(w.median_tokens / k)), sigma=w.sigma, virtual_clock=True,
-                    step_latency_s=lat.step_latency_s, per_token_latency_s=lat.per_token_latency_s,
-                    prefill_latency_s=lat.prefill_latency_s, context_latency_s=lat.context_latency_s,
-                    answer_fn=answer_text,
-                ))
+                engines.append(sim_engine(cfg, engine_index, k, PrefixCachingEngine, answer_fn=answer_text))
                 engine_index += 1
             self.workers.append(SimEpisodeWorker(index, engines, quota, cfg, self.env, self.arrived,
                                                  max_ticks=max(1, w.max_tokens // k)))

@@ -31,6 +31,19 @@ from cadence.simulate.theory import suggested_train_gpus
 from cadence.simulate.worker import SimRolloutWorker
 
 
+def sim_engine(cfg: SimConfig, index: int, k: int, engine_class: type[MockEngine] = MockEngine,
+               **extra: object) -> MockEngine:
+    """Replica `index` of a simulated run: the workload's lengths (in ticks of `k` tokens) and the
+    cost model's latencies, on the virtual clock."""
+    w, lat = cfg.workload, engine_latencies(cfg)
+    return engine_class(
+        max_batch_size=replica_slots(cfg), seed=cfg.run.seed * 1_000_003 + index, length_dist=w.length_dist,
+        median_tokens=max(1, round(w.median_tokens / k)), sigma=w.sigma, virtual_clock=True,
+        step_latency_s=lat.step_latency_s, per_token_latency_s=lat.per_token_latency_s,
+        prefill_latency_s=lat.prefill_latency_s, context_latency_s=lat.context_latency_s, **extra,
+    )
+
+
 @dataclass
 class Layout:
     rollout_gpus: int
@@ -96,8 +109,7 @@ class ClusterSim:
         self.layout = layout(cfg)
         k = cfg.tick()
         self.k = k
-        w, lat = cfg.workload, engine_latencies(cfg)
-        slots = replica_slots(cfg)
+        w = cfg.workload
         self.queue = EventQueue()
         self.workers: list[SimRolloutWorker] = []
         self.inboxes: list[SampleBuffer] = []
@@ -105,12 +117,7 @@ class ClusterSim:
         for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
             engines = []
             for _ in range(replicas):
-                engines.append(MockEngine(
-                    max_batch_size=slots, seed=cfg.run.seed * 1_000_003 + engine_index, length_dist=w.length_dist,
-                    median_tokens=max(1, round(w.median_tokens / k)), sigma=w.sigma, virtual_clock=True,
-                    step_latency_s=lat.step_latency_s, per_token_latency_s=lat.per_token_latency_s,
-                    prefill_latency_s=lat.prefill_latency_s, context_latency_s=lat.context_latency_s,
-                ))
+                engines.append(sim_engine(cfg, engine_index, k))
                 engine_index += 1
             self.workers.append(SimRolloutWorker(
                 index, engines, quota, w.group_size, cfg.cluster.alpha, prompt_ticks=max(1, round(w.prompt_tokens / k)),
