@@ -151,7 +151,8 @@ def ratio_to(rows: list[dict], row: dict, variant: str) -> float:
 
 def setting(meta: dict, key: str) -> str:
     """The value the runs had for override `key` (the last one wins, as in load_config)."""
-    given = [o for o in [*meta["settings"]["common"], *meta["settings"]["quick"]] if o.startswith(f"{key}=")]
+    settings = meta["settings"]
+    given = [o for o in [*settings["common"], *settings["quick"], *settings.get("set", [])] if o.startswith(f"{key}=")]
     return given[-1].split("=", 1)[1]
 
 
@@ -216,16 +217,18 @@ def main() -> None:
                     help="a subset (with --out: a side run that leaves docs/agentic.md alone)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here (default: only in a full run)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides for every run (e.g. rollout.prompts_per_step=16); with --out: a side run")
     ap.add_argument("--report", action="store_true", help="only rewrite the docs table from the results JSON")
     args = ap.parse_args()
     if args.report:
         write_doc(markdown(json.loads(RESULTS.read_text())))
         return
-    full = set(args.variants) == set(VARIANTS) and set(args.alphas) == set(ALPHAS)
+    full = set(args.variants) == set(VARIANTS) and set(args.alphas) == set(ALPHAS) and not args.set
     if not full and args.out is None and not args.quick:
-        ap.error("a subset of --variants/--alphas needs --out (it must not replace the full results)")
+        ap.error("a subset of --variants/--alphas, or --set, needs --out (it must not replace the full results)")
     steps, warmup = (2, 1) if args.quick else (args.steps, args.warmup)
-    extra = QUICK if args.quick else []
+    extra = [*(QUICK if args.quick else []), *args.set]
     engines = ["mock"] if args.quick else args.engines
     began, load_before = time.perf_counter(), os.getloadavg()
     rows, sweep = [], []
@@ -247,7 +250,7 @@ def main() -> None:
         "sweep_steps": args.sweep_steps,
         "warmup": warmup,
         "batch_episodes": rows[0]["batch_episodes"],
-        "settings": {"common": COMMON, "engines": ENGINES, "quick": extra},
+        "settings": {"common": COMMON, "engines": ENGINES, "quick": QUICK if args.quick else [], "set": args.set},
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),
         "wall_s": time.perf_counter() - began,
