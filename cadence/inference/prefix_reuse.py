@@ -79,6 +79,9 @@ class RetainedContexts:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[str, CachedPrefix] = OrderedDict()
+        # Kept as a count, not summed over the entries: stats() is read from other threads while the
+        # engine's thread changes the entries, and iterating an OrderedDict mid-change raises.
+        self._tokens = 0
         self.stats = {
             "reuse_hits": 0,  # requests that continued a retained context
             "reuse_misses": 0,  # requests with a cache key that found none (first turns too)
@@ -91,19 +94,25 @@ class RetainedContexts:
         return len(self._entries)
 
     def tokens(self) -> int:
-        """Tokens held over all entries."""
-        return sum(len(e) for e in self._entries.values())
+        """Tokens held over all entries (safe to read from any thread)."""
+        return self._tokens
+
+    def _pop(self, key: str) -> CachedPrefix | None:
+        entry = self._entries.pop(key, None)
+        self._tokens -= 0 if entry is None else len(entry)
+        return entry
 
     def retain(self, key: str, prefix: CachedPrefix) -> None:
         """Keep `prefix` for the next request with `key` (replacing an older entry of that key)."""
-        self._entries.pop(key, None)
+        self._pop(key)
         self._entries[key] = prefix
+        self._tokens += len(prefix)
 
     def take(self, req: GenRequest) -> CachedPrefix | None:
         """The cached head of `req`'s prompt under its key, removed from the store; None: a miss."""
         if req.cache_key is None:
             return None
-        entry = self._entries.pop(req.cache_key, None)
+        entry = self._pop(req.cache_key)
         n = 0 if entry is None else common_prefix(entry.tokens, req.prompt_ids)
         n = min(n, len(req.prompt_ids) - 1)
         if entry is None or n < 1:
@@ -116,15 +125,16 @@ class RetainedContexts:
     def evict(self, keep: int) -> None:
         """Drop the least recently retained entries until at most `keep` remain."""
         while len(self._entries) > max(keep, 0):
-            self._entries.popitem(last=False)
+            self._pop(next(iter(self._entries)))
             self.stats["retained_evicted"] += 1
 
     def forget(self, key: str) -> None:
-        self._entries.pop(key, None)
+        self._pop(key)
 
     def clear(self) -> None:
         self.stats["retained_dropped"] += len(self._entries)
         self._entries.clear()
+        self._tokens = 0
 
 
 def prefill_groups(

@@ -156,3 +156,26 @@ def test_the_hub_keys_turns_by_affinity_and_forget_drops_the_cache(llama):
     asyncio.run(hub.serving(episode()))
     stats = engine.stats()
     assert stats["reuse_hits"] == 2 and stats["retained"] == 0
+
+
+def test_retained_tokens_are_counted_as_entries_come_and_go():
+    # stats() reads the count from other threads while the engine changes the entries: it must
+    # stay the sum over the entries through every way an entry leaves.
+    from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts
+
+    def prefix(n: int) -> CachedPrefix:
+        return CachedPrefix(list(range(n)), torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))
+
+    store = RetainedContexts()
+    for key, n in [("a", 5), ("b", 7), ("c", 3), ("a", 4)]:  # "a" again replaces its entry
+        store.retain(key, prefix(n))
+    assert store.tokens() == 4 + 7 + 3 and len(store) == 3
+    req = GenRequest("r", list(range(10)), SamplingParams(), cache_key="b")
+    assert store.take(req) is not None and store.tokens() == 4 + 3
+    store.evict(keep=1)  # "c" was retained before "a"'s second entry, so it goes first
+    assert store.tokens() == 4 and len(store) == 1
+    store.forget("a")
+    assert store.tokens() == 0
+    store.retain("d", prefix(6))
+    store.clear()
+    assert store.tokens() == 0 and len(store) == 0
