@@ -182,11 +182,11 @@ def markdown(result: dict) -> str:
     meta, rows, sweep = result["meta"], result["rows"], result["sweep"]
     mean = float(setting(meta, "env.latency.mean_s"))
     lines = [
-        f"Measured {meta['date']} on {meta['machine']} (2 cores shared with other work: 1-minute load "
+        f"Measured {meta['date']} on {meta['machine']} (1-minute load "
         f"average {meta['loadavg_before'][0]:.1f} before, {meta['loadavg_after'][0]:.1f} after), "
         f"{meta['steps']} training steps per run ({meta.get('sweep_steps', meta['steps'])} in the sweep), "
         f"the first {meta['warmup']} not timed; {meta['batch_episodes']} episodes a step, "
-        f"{setting(meta, 'env.max_turns')} turns each, step latency N({mean:g} s, {mean:g} s), 5% fail-slow "
+        f"up to {setting(meta, 'env.max_turns')} turns each, step latency N({mean:g} s, {mean:g} s), 5% fail-slow "
         f"(x10), 1% fail-stop ({float(setting(meta, 'env.step_timeout_s')):g} s step timeout). Reproduce with `{meta['command']}` "
         f"(`docs/results/env_async.json` has every run and every step).",
         "",
