@@ -133,3 +133,31 @@ def test_a_group_whose_last_episodes_fail_together_is_dropped():
     rollout.max_retries = 0
     asyncio.run(_collect(hub, buffer, rollout, groups=2, deadline_s=10))
     assert rollout.counts["groups_dropped"] == 2 and rollout.counts["lost/raised"] == 6
+
+
+class FirstEpisodeRaises(TwoTurns):
+    """The first episode made raises on its first step; the rest play two slow turns."""
+
+    made = 0
+
+    def __init__(self):
+        FirstEpisodeRaises.made += 1
+        self.doomed = FirstEpisodeRaises.made == 1
+
+    def step(self, action: str):
+        if self.doomed:
+            raise RuntimeError("environment crashed")
+        time.sleep(0.05)  # group-mates finish well after the lost episode found no retry left
+        return super().step(action)
+
+
+def test_a_group_that_ran_out_of_retries_is_dropped_when_its_last_episode_finishes():
+    """A lost episode with no retry left while its group-mates still run: the group can no longer
+    fill, so it is dropped when the last of them finishes (it used to stay open, and the rollout
+    waited on it for ever)."""
+    FirstEpisodeRaises.made = 0
+    hub, buffer, rollout = _rollout(FirstEpisodeRaises, group_size=3)
+    rollout.max_retries = 0
+    asyncio.run(_collect(hub, buffer, rollout, groups=1, deadline_s=10))
+    assert rollout.counts["groups_dropped"] == 1 and rollout.counts["lost/raised"] == 1
+    assert rollout.counts["episodes"] == 3 and not rollout.open

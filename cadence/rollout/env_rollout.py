@@ -106,11 +106,14 @@ class EnvRollout:
 
     async def close(self) -> None:
         """Cancel every episode still running (their requests are aborted)."""
-        tasks = [t for g in self.open.values() for t in g.tasks]
+        # Out of `open` first: an episode that ends while the others are being cancelled is late,
+        # not the last of a short group to be counted as dropped.
+        groups = list(self.open.values())
+        self.open.clear()
+        tasks = [t for g in groups for t in g.tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.open.clear()
 
     # -- internals ------------------------------------------------------------
     def _start(self, opened: _OpenGroup) -> None:
@@ -146,19 +149,21 @@ class EnvRollout:
             return  # the group closed meanwhile (a late straggler)
         self.counts["episodes"] += 1
         self.turn_total += episode.turns
-        if not episode.ok:
+        if episode.ok:
+            group.samples.append(episode.sample)
+        else:
             assert episode.failure is not None
             self.counts[f"lost/{episode.failure.kind}"] += 1
             if opened.retries < self.max_retries:
                 opened.retries += 1
                 self.counts["retried"] += 1
                 self._start(opened)
-            elif not opened.tasks and len(group.samples) < self.group_size:
-                self._close(opened, keep=False)
-            return
-        group.samples.append(episode.sample)
         if len(group.samples) == self.group_size:
             self._close(opened, keep=True)
+        elif not opened.tasks:
+            # Short and nothing left running: its retries are spent, whichever of its episodes
+            # ended last (a lost one, or one that finished after a lost one found no retry left).
+            self._close(opened, keep=False)
 
     def _close(self, opened: _OpenGroup, keep: bool, why: str = "groups_dropped") -> None:
         del self.open[opened.group.group_id]
