@@ -206,3 +206,25 @@ def test_the_episode_worker_runs_lockstep_with_extra_groups_from_config():
         assert len(batch) == 2 and all(len(g.samples) == 2 for g in batch)
     finally:
         worker.close()
+
+
+def test_cancel_stale_closes_a_lockstep_batch_too():
+    """The worker calls cancel_stale at each weight swap when rollout.extra_groups > 0, in
+    either env_mode: lock-step closes the stale groups and counts them as stale."""
+
+    async def scenario():
+        buffer, rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
+        stop = asyncio.Event()
+        server = asyncio.create_task(rollout.hub.serve(stop))
+        try:
+            rollout.admit(2)
+            await asyncio.sleep(0)  # the driver opens the batch
+            rollout.version = 1
+            return rollout.cancel_stale(1), rollout.counts
+        finally:
+            await rollout.close()
+            stop.set()
+            await server
+
+    closed, counts = asyncio.run(scenario())
+    assert closed == 2 and counts["groups_stale"] == 2 and counts["groups_dropped"] == 0
