@@ -184,6 +184,26 @@ def test_bad_rollout_record(tiny6, tmp_path):
     assert result.exit_code == 2 and "1 record" in result.output
 
 
+def test_rollout_record_loss_mask(tiny6, tmp_path):
+    """An episode's observation tokens (loss_mask 0) get no credit; a bad mask is named."""
+    prompt_ids, response_ids = list(range(20, 28)), list(range(30, 60))
+    mask = [1] * 10 + [0] * 10 + [1] * 10
+    rollout = tmp_path / "episode.jsonl"
+    rollout.write_text(
+        json.dumps(rollout_record(prompt_ids, response_ids, loss_mask=mask))
+        + "\n"
+        + json.dumps(rollout_record(prompt_ids, response_ids, loss_mask=[1, 0]))
+        + "\n"
+    )
+    args = ["rhythm", tiny6, "--from-rollout", str(rollout), "--credit", "global", "fai_min=2"]
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "ep.png")])
+    assert result.exit_code == 0, result.output
+    # ceil(0.4 * 20 model tokens) = 8 anchors of 30 response tokens: 26.7% amplified
+    assert _summary(result.output).group(3) == "26.7"
+    result = runner.invoke(app, [*args, "--index", "1", "-o", str(tmp_path / "bad.png")])
+    assert result.exit_code == 2 and "loss_mask must be a list of 30 zeros and ones" in result.output
+
+
 def test_token_labels_are_visible():
     assert token_label("\n") == "\\n"
     assert token_label(" a") == "\u2423a"

@@ -302,11 +302,16 @@ def top_q_mask(score: torch.Tensor, valid: torch.Tensor, q: float) -> torch.Tens
 
 
 def coupled_thresholds(
-    waad_b: torch.Tensor, delta: torch.Tensor, valid: torch.Tensor, cfg: RhythmConfig
+    waad_b: torch.Tensor,
+    delta: torch.Tensor,
+    valid: torch.Tensor,
+    cfg: RhythmConfig,
+    trained: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | float, torch.Tensor | float]:
     """tau_waad and tau_Delta of each row: [B, 1] medians over its tokens, or the set numbers.
 
     The last token's Delta is an artificial 0 (no successor): left out of the median.
+    With `trained` the medians are over the trained tokens only (see `credit_selection`).
     """
 
     def threshold(rule: str | float, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | float:
@@ -317,7 +322,8 @@ def coupled_thresholds(
 
     last = valid.sum(1, keepdim=True) - 1
     real = torch.arange(valid.shape[1], device=valid.device) < last
-    return threshold(cfg.tau_waad, waad_b, valid), threshold(cfg.tau_delta, delta, real)
+    keep = valid if trained is None else valid & trained
+    return threshold(cfg.tau_waad, waad_b, keep), threshold(cfg.tau_delta, delta, real & keep)
 
 
 @dataclass
@@ -338,6 +344,7 @@ def credit_selection(
     valid: torch.Tensor,
     credit: CreditMode,
     cfg: RhythmConfig,
+    trained: torch.Tensor | None = None,
 ) -> CreditSelection:
     """Per-token advantage multipliers gamma (detached, >= 1) and the token sets behind them.
 
@@ -350,6 +357,11 @@ def credit_selection(
                keeps 1 + (1 - alpha)(gamma_amp - 1) and its introducer
                i = a - argmax_k Delta_{a-k} (ties: nearest) gains alpha (gamma_amp - 1).
     tau_waad and tau_Delta default to the row's medians (`coupled_thresholds`).
+    `trained` [B, R_max] (None: every valid token) marks the tokens that carry loss:
+    in an agentic episode the observations sit inside the response, and WAAD, FAI
+    and Delta are read over them (the model attended to them), but only the model's
+    own tokens are ranked, enter the medians, or receive an introducer's share, so
+    the top-q budget and the conserved amplification all land where the loss is.
     The hand-over is additive, so total amplification is conserved; an
     introducer of several anchors, or one that is itself an anchor, can exceed
     gamma_amp. Inputs and fields are [B, R_max]; padding keeps gamma = 1, False
@@ -360,7 +372,10 @@ def credit_selection(
     if not waad_b.shape == fai_b.shape == valid.shape or waad_b.dim() != 2:
         shapes = [tuple(t.shape) for t in (waad_b, fai_b, valid)]
         raise ValueError(f"waad, fai and valid must be the same [B, R], got {shapes}")
+    if trained is not None and trained.shape != valid.shape:
+        raise ValueError(f"trained must be [B, R] like valid, got {tuple(trained.shape)}")
     waad_b, fai_b, valid = waad_b.detach().float(), fai_b.detach().float(), valid.bool()
+    pick = valid if trained is None else valid & trained.to(valid.device).bool()
     b, r = waad_b.shape
     device = waad_b.device
     boost = cfg.gamma_amp - 1.0
@@ -371,21 +386,23 @@ def credit_selection(
     local, anchors, dominated = none, none, none.clone()
 
     if credit == "local":
-        local = top_q_mask(delta, valid, cfg.top_q)
+        local = top_q_mask(delta, pick, cfg.top_q)
         gamma = gamma + boost * local
     elif credit in ("global", "coupled"):
-        anchors = top_q_mask(fai_b, valid, cfg.top_q)
+        anchors = top_q_mask(fai_b, pick, cfg.top_q)
         gamma = gamma + boost * anchors
 
     if credit == "coupled":
         count = valid.sum(1, keepdim=True)
         idx = torch.arange(r, device=device)
-        tau_w, tau_d = coupled_thresholds(waad_b, delta, valid, cfg)
+        tau_w, tau_d = coupled_thresholds(waad_b, delta, valid, cfg, pick)
         ks = torch.arange(1, cfg.lookback + 1, device=device).unsqueeze(1)
         prev = idx.unsqueeze(0) - ks  # [lookback, R]
-        back = delta[:, prev.clamp(min=0)].masked_fill(prev < 0, -math.inf)  # [B, lookback, R]
+        # An introducer must be a trained token: a share handed to an observation is lost.
+        outside = (prev < 0).unsqueeze(0) | ~pick[:, prev.clamp(min=0)]
+        back = delta[:, prev.clamp(min=0)].masked_fill(outside, -math.inf)  # [B, lookback, R]
         best, k_best = back.max(1)  # ties -> first row, i.e. the nearest token
-        dominated = anchors & (waad_b <= tau_w) & (best >= tau_d) & (idx > 0) & (count > 1)
+        dominated = anchors & (waad_b <= tau_w) & (best >= tau_d) & best.isfinite() & (count > 1)
         dst = idx - (k_best + 1)
         introducer = torch.where(dominated, dst, introducer)
         gamma = torch.where(dominated, gamma - cfg.alpha * boost, gamma)
@@ -426,13 +443,15 @@ def rhythm_credit(
     length: torch.Tensor,
     credit: CreditMode,
     cfg: RhythmConfig,
+    trained: torch.Tensor | None = None,
 ) -> RhythmBatch:
     """Head classes, WAAD, FAI and the `credit` gammas of B right-padded samples at once.
 
     `maps` [B, layers, H, rows, N] (row r = position N - rows + r), `response_start`
     [B] (p_b) and `length` [B] (n_b, real tokens of row b): head_spans ->
     classify_heads -> class_maps -> waad / fai -> credit_selection. An empty
-    response (p_b = n_b) gets no tokens.
+    response (p_b = n_b) gets no tokens. `trained` [B, R_max] marks the response
+    tokens that carry loss (None: all; see `credit_selection`).
     """
     layout = batch_layout(maps, response_start, length)
     spans = head_spans(maps, layout)
@@ -440,7 +459,7 @@ def rhythm_credit(
     a_loc, a_glob = class_maps(maps, local_idx, global_idx)
     w = waad(a_loc, layout, cfg.window)
     f = fai(a_glob, layout, cfg.fai_min, cfg.fai_max)
-    sel = credit_selection(w, f, layout.valid, credit, cfg)
+    sel = credit_selection(w, f, layout.valid, credit, cfg, trained)
     return RhythmBatch(sel.gamma, layout.valid, w, f, sel, spans, local_idx, global_idx)
 
 

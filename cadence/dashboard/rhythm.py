@@ -27,7 +27,7 @@ class RhythmReader:
         self._loaded: tuple[str, Any] | None = None  # (checkpoint and layers, ActorAttention)
 
     def sample(self, run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-        """WAAD, FAI, gamma (1 where the loss mask is 0: observations get no credit) per token."""
+        """WAAD, FAI, gamma per token: only tokens with loss (not observations) are ranked for credit."""
         import torch
 
         from cadence.train.checkpoint import latest_checkpoint
@@ -42,9 +42,9 @@ class RhythmReader:
         checkpoint = str(latest[1]) if latest else str((cfg.get("model") or {}).get("path"))
         with self._lock:
             actor = self._actor(checkpoint, rhythm)
+            mask = record["loss_mask"]
             gamma, info = actor.token_credit(torch.tensor(record["prompt_ids"]), torch.tensor(record["response_ids"]),
-                                             credit, rhythm)
-        mask = record["loss_mask"]
+                                             credit, rhythm, loss_mask=torch.tensor(mask))
         gamma = [float(g) if m else 1.0 for g, m in zip(gamma.tolist(), mask, strict=True)]
         return {
             "checkpoint": Path(checkpoint).name if latest else checkpoint,

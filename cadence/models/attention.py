@@ -171,17 +171,29 @@ class ActorAttention:
         response_ids: torch.Tensor,
         credit: CreditMode,
         cfg: RhythmConfig,
+        loss_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """Gammas [R] for one sample: maps -> head classes -> WAAD / FAI -> credit rule.
 
+        `loss_mask` [R] (None: all ones) marks the response tokens that carry loss:
+        only they are ranked for credit (an agentic episode's observations are not).
         A batch of one through `token_credit_padded`. info holds waad, fai,
         delta, spans, the local/global head indices, the selected token masks
         (local, anchors, dominated, introducer), the layers read and the weight
         version, all on CPU.
         """
         ids = torch.cat([prompt_ids.flatten(), response_ids.flatten()])[None]
+        trained = None
+        if loss_mask is not None:
+            if loss_mask.numel() != response_ids.numel():
+                raise ValueError(
+                    f"loss_mask has {loss_mask.numel()} entries for {response_ids.numel()} "
+                    "response tokens"
+                )
+            trained = torch.cat([torch.zeros(prompt_ids.numel()), loss_mask.flatten().float()])
+            trained = trained.bool()[None]
         gammas, infos = self.token_credit_padded(
-            ids, [prompt_ids.numel()], [ids.shape[1]], credit, cfg, with_info=True
+            ids, [prompt_ids.numel()], [ids.shape[1]], credit, cfg, with_info=True, trained=trained
         )
         return gammas[0], infos[0]
 
@@ -235,12 +247,15 @@ class ActorAttention:
         micro_batch: int | None = None,
         pad_id: int = 0,
         with_info: bool = False,
+        trained: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], list[dict]]:
         """`credit`'s gammas [R_b] of every row of a right-padded batch, and info dicts if asked.
 
         Row b holds `lengths[b]` real tokens, its response from position
         `response_start[b]` on (a `TrainBatch` has these as attention_mask.sum(1)
-        and response_start + 1). Per micro-batch of `micro_batch` rows (None:
+        and response_start + 1). `trained` [B, L] (None: every response token),
+        aligned with input_ids, marks the positions whose token carries loss: only
+        those are ranked for credit (`credit_selection`). Per micro-batch of `micro_batch` rows (None:
         `cfg.micro_batch`) one forward and one `rhythm_credit`, no loop over
         samples. Right padding needs no attention mask: causal rows never see the
         pads after them, so each row's maps are its unpadded maps. Peak memory:
@@ -281,10 +296,17 @@ class ActorAttention:
         # Tokens past a row's length are padding whatever their value: blank them so
         # that they neither split duplicates nor reach the forward.
         ids = input_ids[:, :width].cpu().long()
-        ids = ids.masked_fill(torch.arange(width, device="cpu") >= lengths[:, None], pad_id)
-        key = torch.cat([ids, starts[:, None], lengths[:, None]], dim=1)
+        beyond = torch.arange(width, device="cpu") >= lengths[:, None]
+        ids = ids.masked_fill(beyond, pad_id)
+        if trained is None:
+            trained = torch.ones_like(ids, dtype=torch.bool)
+        elif trained.shape[0] != b or trained.shape[1] < width:
+            raise ValueError(f"trained must be [B, L] like input_ids, got {tuple(trained.shape)}")
+        marks = trained[:, :width].cpu().bool().masked_fill(beyond, False).long()
+        key = torch.cat([ids, marks, starts[:, None], lengths[:, None]], dim=1)
         unique, inverse = torch.unique(key, dim=0, return_inverse=True)
-        u_ids, u_start, u_len = unique[:, :width], unique[:, width], unique[:, width + 1]
+        u_ids, u_marks = unique[:, :width], unique[:, width : 2 * width].bool()
+        u_start, u_len = unique[:, 2 * width], unique[:, 2 * width + 1]
         order = torch.argsort(u_len, stable=True)
 
         u_gammas: list[torch.Tensor] = [torch.empty(0, device="cpu")] * len(unique)
@@ -294,7 +316,11 @@ class ActorAttention:
             n, q0 = int(u_len[rows].max()), int(u_start[rows].min())
             q0 = min(q0, n - 1)  # maps need one row at least (an all-empty-response chunk)
             maps = self.maps(u_ids[rows, :n], query_start=q0)  # [b, layers, H, n - q0, n]
-            result = rhythm_credit(maps, u_start[rows], u_len[rows], credit, cfg)
+            # Response token i of row j sits at position start_j + i (past its end: padding).
+            r_max = max(int((u_len[rows] - u_start[rows]).max()), 1)
+            at = (u_start[rows, None] + torch.arange(r_max, device="cpu")).clamp(max=width - 1)
+            picked_marks = u_marks[rows].gather(1, at).to(maps.device)
+            result = rhythm_credit(maps, u_start[rows], u_len[rows], credit, cfg, picked_marks)
             # One device-to-host copy per micro-batch; the trainer needs only the gammas.
             if with_info:
                 result = result.to("cpu")

@@ -19,6 +19,9 @@ read too). Each record has either token ids or text:
   (`tokenizer(prompt).input_ids`, then the response with
   `add_special_tokens=False`). Byte-level re-tokenisation of sampled text is
   not always the sampled ids, so ids are the faithful form.
+- `loss_mask` (optional): one 0/1 per response token, 0 on an agentic
+  episode's observations, as the run's samples.jsonl writes it; only tokens
+  with 1 are ranked for credit, as in training.
 - Any other fields (reward, advantage, step, ...) are ignored;
   `rollout_record` builds a record for writers such as the trainer.
 """
@@ -153,6 +156,16 @@ def record_ids(
     return prompt_ids, response_ids
 
 
+def record_loss_mask(record: dict[str, Any], n_response: int, where: str = "record") -> list[int] | None:
+    """A record's `loss_mask` (1 on the model's tokens, 0 on an episode's observations), if any."""
+    mask = record.get("loss_mask")
+    if mask is None:
+        return None
+    if not isinstance(mask, list) or len(mask) != n_response or any(m not in (0, 1) for m in mask):
+        raise ConfigError(f"{where}: loss_mask must be a list of {n_response} zeros and ones, one per response token")
+    return [int(m) for m in mask]
+
+
 # ----------------------------------------------------------------------------
 # The run
 
@@ -260,8 +273,10 @@ def run_rhythm(
     tokenizer = load_tokenizer(checkpoint)
     policy = load_policy(checkpoint)
     notes: list[str] = []
+    loss_mask = None
     if record is not None:
         prompt_ids, response_ids = record_ids(record, tokenizer, f"{rollout} record {index}")
+        loss_mask = record_loss_mask(record, len(response_ids), f"{rollout} record {index}")
         vocab = policy.config.vocab_size
         bad = [t for t in prompt_ids + response_ids if not 0 <= t < vocab]
         if bad:
@@ -286,6 +301,7 @@ def run_rhythm(
         torch.tensor(response_ids, dtype=torch.long),
         credit,
         cfg,
+        loss_mask=None if loss_mask is None else torch.tensor(loss_mask),
     )
     if len(response_ids) <= cfg.fai_min:
         notes.append(

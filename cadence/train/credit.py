@@ -62,11 +62,14 @@ class AttentionCredit:
         credit metrics over the tokens that are trained on.
 
         The attention maps are read over the whole response, an episode's observation
-        tokens included (they are context the model attended to); the gammas then only
-        reach the model's own tokens, where `batch.mask` is 1."""
+        tokens included (they are context the model attended to); only the model's own
+        tokens, where `batch.mask` is 1, are ranked for credit and get gammas."""
         start = time.perf_counter()
         # The batch is already right-padded prompt + response: hand it over as is.
         # response_start is in [L-1] (next-token) space; +1 is the input position.
+        # mask is in [L-1] (next-token) space: mask[:, p] trains the token at position p + 1.
+        trained = torch.zeros_like(batch.input_ids, dtype=torch.bool)
+        trained[:, 1:] = batch.mask.bool()
         gammas, _ = self.actor_attn.token_credit_padded(
             batch.input_ids,
             batch.response_start + 1,
@@ -75,6 +78,7 @@ class AttentionCredit:
             self.cfg,
             micro_batch=self.micro_batch,
             pad_id=self.pad_id,
+            trained=trained,
         )
         self.last_seconds = time.perf_counter() - start
         full = torch.ones_like(batch.mask)

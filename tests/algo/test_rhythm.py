@@ -64,15 +64,20 @@ def spans1(heads: torch.Tensor, p: int) -> torch.Tensor:
     return head_spans(heads.float()[None], layout_of(heads, p))[0]
 
 
-def select1(w: torch.Tensor, f: torch.Tensor, credit: str, **cfg) -> CreditSelection:
+def select1(
+    w: torch.Tensor, f: torch.Tensor, credit: str, trained: list[bool] | None = None, **cfg
+) -> CreditSelection:
     """credit_selection of one response's WAAD and FAI [R]; fields [R]."""
     valid = torch.ones(1, w.numel(), dtype=torch.bool)
-    sel = credit_selection(w[None], f[None], valid, credit, RhythmConfig(**cfg))
+    mask = None if trained is None else torch.tensor([trained])
+    sel = credit_selection(w[None], f[None], valid, credit, RhythmConfig(**cfg), mask)
     return CreditSelection(*(getattr(sel, f.name)[0] for f in dataclasses.fields(sel)))
 
 
-def gamma1(w: torch.Tensor, f: torch.Tensor, credit: str, **cfg) -> list[float]:
-    return select1(w, f, credit, **cfg).gamma.tolist()
+def gamma1(
+    w: torch.Tensor, f: torch.Tensor, credit: str, trained: list[bool] | None = None, **cfg
+) -> list[float]:
+    return select1(w, f, credit, trained, **cfg).gamma.tolist()
 
 
 def top1(score: torch.Tensor, q: float) -> torch.Tensor:
@@ -288,6 +293,38 @@ def test_credit_coupled_hand_computed() -> None:
     # alpha = 1 hands everything over; tau_delta = 3.5 drops anchor 4 (its window max is 3).
     full = gamma1(w, f, "coupled", alpha=1.0, tau_delta=3.5)
     assert full == [1.5, 1.5, 1.0, 1.0, 1.5, 1.0]
+
+
+def test_only_trained_tokens_are_ranked_and_credited() -> None:
+    # The coupled example above with tokens 2 and 3 an observation (loss mask 0), as in an
+    # agentic episode. Delta is still read over all six: [4, 0, 3, 0, 4, 0].
+    # FAI top ceil(0.4 * 4 trained) = 2 among tokens 0, 1, 4, 5: anchors 4 (0.8) and 1 (0.1);
+    # token 3 (FAI 0.9) is an observation and takes no slot.
+    w = torch.tensor([0.0, 4.0, 4.0, 1.0, 1.0, 5.0])
+    f = torch.tensor([0.0, 0.1, 0.0, 0.9, 0.8, 0.05])
+    trained = [True, True, False, False, True, True]
+    assert gamma1(w, f, "global", trained) == [1.0, 1.5, 1.0, 1.0, 1.5, 1.0]
+    assert gamma1(w, f, "local", trained) == [1.5, 1.0, 1.0, 1.0, 1.5, 1.0]  # Delta 4 at 0 and 4
+    # Medians over trained tokens: tau_waad = median [0, 4, 1, 5] = 2.5; tau_Delta = median of
+    # Delta at 0, 1, 4 (5 is last) = [4, 0, 4] -> 4. Anchor 4 (WAAD 1) looks back at 3 and 2,
+    # observations, and 1 (Delta 0 < 4): not dominated. Without the mask tau_Delta is 3 and
+    # anchor 4 hands a share to token 2, an observation.
+    sel = select1(w, f, "coupled", trained)
+    assert sel.gamma.tolist() == [1.0, 1.5, 1.0, 1.0, 1.5, 1.0] and not sel.dominated.any()
+    assert select1(w, f, "coupled").introducer.tolist()[4] == 2
+    # tau_Delta = 0: anchor 4 is dominated; its introducer is the best *trained* token back,
+    # 1 (Delta 0), not 2 (Delta 3): the share stays where the loss is, the total conserved.
+    sel = select1(w, f, "coupled", trained, tau_delta=0.0)
+    assert sel.introducer.tolist() == [-1, -1, -1, -1, 1, -1]
+    assert sel.gamma.tolist() == [1.0, 1.75, 1.0, 1.0, 1.25, 1.0]
+    assert math.isclose(float((sel.gamma - 1).sum()), 1.0)
+    # Every look-back is an observation: never dominated, even with tau_Delta = -inf.
+    sel = select1(torch.tensor([0.0, 5.0, 1.0]), torch.tensor([0.0, 0.0, 1.0]), "coupled",
+                  [False, False, True], tau_delta=-math.inf, tau_waad=9.0)
+    assert sel.gamma.tolist() == [1.0, 1.0, 1.5] and not sel.dominated.any()
+    with pytest.raises(ValueError, match="trained"):
+        credit_selection(w[None], f[None], torch.ones(1, 6, dtype=torch.bool), "global",
+                         RhythmConfig(), torch.ones(1, 5, dtype=torch.bool))
 
 
 def test_coupled_introducer_ties_nearest_and_accumulates() -> None:

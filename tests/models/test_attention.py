@@ -248,3 +248,44 @@ def test_token_credit_padded_info_and_duplicates(actor6) -> None:
         assert info["layers"] == ref["layers"] and info["version"] == ref["version"]
     with pytest.raises(ValueError, match="response_start"):
         actor6.token_credit_padded(padded, lengths + 1, lengths, "coupled", cfg)
+
+
+@pytest.mark.parametrize("credit", ["local", "global", "coupled"])
+def test_episode_observations_are_read_but_not_credited(actor6, policy6, credit: str) -> None:
+    """An agentic episode: model turn, observation, model turn. The trainer's path ranks only
+    the model's tokens (loss mask 1), as token_credit does with the same loss_mask."""
+    cfg = RhythmConfig(fai_min=2, fai_max=12, micro_batch=3)
+    prompts, responses = mixed_samples()
+    masks = []
+    for r in responses:  # the middle third of each response is an observation
+        n = r.numel()
+        masks.append([0 if n // 3 <= i < 2 * n // 3 else 1 for i in range(n)])
+    samples = [
+        Sample("p", i, p.tolist(), r.tolist(), [0.0] * r.numel(), 1.0, 0, "stop", loss_mask=m)
+        for i, (p, r, m) in enumerate(zip(prompts, responses, masks, strict=True))
+    ]
+    # Same tokens as row 0, every token trained: identical ids must not share a result.
+    samples.append(Sample("p", 99, prompts[0].tolist(), responses[0].tolist(), [0.0] * 20, 1.0, 0, "stop"))
+    batch = collate(samples, pad_id=0)
+    gammas, _ = AttentionCredit(policy6, credit, cfg, pad_id=0).gammas(batch)
+    assert torch.equal(gammas[batch.mask == 0], torch.ones_like(gammas[batch.mask == 0]))
+    for row, (p, r, m) in enumerate(zip(prompts, responses, masks, strict=True)):
+        trained = torch.tensor(m)
+        ref, info = actor6.token_credit(p, r, credit, cfg, loss_mask=trained)
+        assert (ref[trained == 0] == 1).all()  # no credit lands on the observation
+        picked = info["local"] if credit == "local" else info["anchors"]
+        assert not picked[trained == 0].any()
+        assert picked.sum() <= -(-2 * int(trained.sum()) // 5)  # ceil(0.4 * trained tokens)
+        span = batch.response_start[row]
+        assert torch.allclose(gammas[row, span : span + r.numel()], ref, atol=1e-6, rtol=0)
+    whole, _ = actor6.token_credit(prompts[0], responses[0], credit, cfg)
+    span = batch.response_start[-1]
+    assert torch.allclose(gammas[-1, span : span + 20], whole, atol=1e-6, rtol=0)
+    # Observations inside the response change which model tokens win: the mask matters.
+    assert any(
+        not torch.equal(actor6.token_credit(p, r, credit, cfg, loss_mask=torch.tensor(m))[0],
+                        actor6.token_credit(p, r, credit, cfg)[0])
+        for p, r, m in zip(prompts, responses, masks, strict=True)
+    )
+    with pytest.raises(ValueError, match="loss_mask"):
+        actor6.token_credit(prompts[0], responses[0], credit, cfg, loss_mask=torch.ones(3))
