@@ -267,7 +267,7 @@ def main() -> None:
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}",
-        "command": COMMAND + (" --quick" if args.quick else ""),
+        "command": " ".join([COMMAND, *sys.argv[1:]]),  # as run, so the table's reproduce line is exact
         "steps": steps,
         "sweep_steps": args.sweep_steps,
         "warmup": warmup,
