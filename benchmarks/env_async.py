@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -267,7 +268,7 @@ def main() -> None:
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}",
-        "command": " ".join([COMMAND, *sys.argv[1:]]),  # as run, so the table's reproduce line is exact
+        "command": " ".join([COMMAND, shlex.join(sys.argv[1:])]).strip(),  # as run: the reproduce line is exact
         "steps": steps,
         "sweep_steps": args.sweep_steps,
         "warmup": warmup,
