@@ -20,6 +20,7 @@ from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.cluster import check_fit, role_requests, wait_ready
+from cadence.runtime.connect import connect_ray
 from cadence.runtime.supervisor import record_restart
 from cadence.runtime.threads import cpu_share
 
@@ -37,14 +38,7 @@ class WorkerGroup:
             return
         import ray
 
-        if not ray.is_initialized():
-            ray.init(
-                address=cfg.runtime.address,
-                include_dashboard=False,
-                logging_level="ERROR",
-                log_to_driver=True,
-                configure_logging=True,
-            )
+        connect_ray(cfg.runtime)
         rt = cfg.runtime
         check_fit(rt)  # one line naming the role that cannot be placed, before anything starts
         cpus = rt.rollout_cpus

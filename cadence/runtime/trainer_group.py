@@ -31,6 +31,7 @@ import torch
 
 from cadence.rollout.sample import Group
 from cadence.runtime.config import RuntimeConfig
+from cadence.runtime.connect import connect_ray
 from cadence.train.config import TrainerConfig
 from cadence.train.data_parallel import DataParallel
 from cadence.train.device import rank_device, wants_cuda
@@ -176,8 +177,7 @@ class TrainerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if not ray.is_initialized():
-            ray.init(address=runtime.address, include_dashboard=False, logging_level="ERROR")
+        connect_ray(runtime)
         bundle = {
             "CPU": runtime.trainer_cpus, **({"GPU": gpus} if gpus else {}),
             **runtime.trainer_resources,
