@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from cadence.algo.rhythm import CreditMode, RhythmConfig, credit_metrics
+from cadence.algo.rhythm import CreditMode, RhythmConfig
+from cadence.algo.rhythm_shaping import credit_metrics
 from cadence.models.attention import ActorAttention
 from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch

@@ -34,7 +34,7 @@ from cadence.algo.config import AlgorithmConfig
 from cadence.algo.kl import shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
-from cadence.algo.rhythm import credit_metrics, shape_advantages
+from cadence.algo.rhythm_shaping import credit_metrics, shape_advantages
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches

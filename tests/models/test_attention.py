@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.algo.rhythm import RhythmConfig, shape_advantages
+from cadence.algo.rhythm import RhythmConfig
+from cadence.algo.rhythm_shaping import shape_advantages
 from cadence.models.attention import ActorAttention, _decoder_layers
 from cadence.models.tiny import tiny_model
 from cadence.rollout.sample import Sample
