@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cadence.config import ConfigError, load_config
-from cadence.runtime.cluster import RoleRequest, check_fit, pack
+from cadence.runtime.cluster import RoleRequest, check_fit, pack, rank_gpus
 from tests.quick_run import QUICK_RUN
 
 QUICK = [*QUICK_RUN, "checkpoint.every=0", "rollout.async_ratio=1", "runtime.threads=1"]
@@ -38,6 +38,17 @@ def test_check_fit_error_is_one_line_with_role_ask_and_cluster():
     assert "rollout role (3 x {CPU: 1, gpu_box: 1})" in text
     assert "2 node(s), {CPU: 6, gpu_box: 2} in all" in text
     assert "runtime.rollout_workers" in text
+
+
+def test_a_cuda_trainer_asks_one_gpu_per_rank_unless_trainer_gpus_says():
+    cfg = load_config(None, ["runtime.kind=ray", "runtime.trainer_workers=2"])
+    gpu_node = [{"CPU": 8.0, "GPU": 1.0}]
+    check_fit(cfg.runtime, gpu_node, trainer_device="cpu")  # a CPU trainer asks no GPU
+    with pytest.raises(ConfigError, match=r"trainer role \(2 x \{CPU: 1, GPU: 1\}\)"):
+        check_fit(cfg.runtime, gpu_node, trainer_device="cuda")  # NCCL: a GPU of its own per rank
+    half = load_config(None, ["runtime.kind=ray", "runtime.trainer_workers=2", "runtime.trainer_gpus=0.5"])
+    check_fit(half.runtime, gpu_node, trainer_device="cuda")
+    assert rank_gpus(half.runtime, "cuda") == 0.5 and rank_gpus(cfg.runtime, "cpu") == 0.0
 
 
 def _records(run: Path) -> list[dict]:

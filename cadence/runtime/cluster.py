@@ -3,7 +3,8 @@
 A run on a cluster asks for actors by role:
   rollout   runtime.rollout_workers  x {CPU: rollout_cpus, GPU: rollout_gpus, **rollout_resources}
   trainer   runtime.trainer_workers  x {CPU: trainer_cpus, GPU: trainer_gpus, **trainer_resources}
-            (only when trainer_workers > 1; one trainer runs in the driver process)
+            (only when trainer_workers > 1; one trainer runs in the driver process;
+            trainer_gpus=0 with trainer.device=cuda asks 1 GPU per rank)
   critic    1 x {CPU: critic_cpus, **critic_resources}   (runtime.critic_actor)
   credit    1 x {CPU: credit_cpus, **critic_resources}   (runtime.credit_actor)
 Custom resources pin roles to nodes: start a node with
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cadence.runtime.config import RuntimeConfig
+from cadence.train.device import wants_cuda
 from cadence.yaml_config import ConfigError
 
 
@@ -38,8 +40,15 @@ class RoleRequest:
         return f"{self.count} x {_fmt(self.each)}"
 
 
-def role_requests(rt: RuntimeConfig) -> list[RoleRequest]:
-    """What a `runtime.kind=ray` run asks of the cluster, role by role."""
+def rank_gpus(rt: RuntimeConfig, device: str) -> float:
+    """GPUs per data-parallel trainer rank: `runtime.trainer_gpus`, else 1 for a CUDA trainer
+    (NCCL needs a GPU of its own per rank) and 0 for a CPU one."""
+    return rt.trainer_gpus or (1.0 if wants_cuda(device) else 0.0)
+
+
+def role_requests(rt: RuntimeConfig, trainer_device: str = "cpu") -> list[RoleRequest]:
+    """What a `runtime.kind=ray` run asks of the cluster, role by role (`trainer_device`:
+    `trainer.device`, which sets the GPUs of a trainer rank)."""
     def res(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, float]:
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom}
 
@@ -49,7 +58,7 @@ def role_requests(rt: RuntimeConfig) -> list[RoleRequest]:
     ]
     if rt.trainer_workers > 1:
         roles.append(RoleRequest("trainer", rt.trainer_workers,
-                                 res(rt.trainer_cpus, rt.trainer_gpus, rt.trainer_resources),
+                                 res(rt.trainer_cpus, rank_gpus(rt, trainer_device), rt.trainer_resources),
                                  "runtime.trainer_workers/trainer_cpus/trainer_gpus/trainer_resources"))
     if rt.critic_actor:
         roles.append(RoleRequest("critic", 1, res(rt.critic_cpus, 0, rt.critic_resources),
@@ -102,10 +111,10 @@ def cluster_summary(nodes: list[dict[str, float]]) -> str:
     return f"{len(nodes)} node(s), {_fmt(total)} in all ({per_node})"
 
 
-def check_fit(rt: RuntimeConfig, nodes: list[dict[str, float]] | None = None) -> None:
+def check_fit(rt: RuntimeConfig, nodes: list[dict[str, float]] | None = None, trainer_device: str = "cpu") -> None:
     """Raise `ConfigError` (one line) when the roles of `rt` cannot all be placed on the cluster."""
     nodes = alive_nodes() if nodes is None else nodes
-    roles = role_requests(rt)
+    roles = role_requests(rt, trainer_device)
     failed = pack(roles, nodes)
     if failed is not None:
         asked = ", ".join(f"{r.role} {r.describe()}" for r in roles)

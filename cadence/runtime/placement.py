@@ -40,7 +40,7 @@ class WorkerGroup:
 
         connect_ray(cfg.runtime)
         rt = cfg.runtime
-        check_fit(rt)  # one line naming the role that cannot be placed, before anything starts
+        check_fit(rt, trainer_device=cfg.trainer.device)  # one line naming the role that cannot be placed, before anything starts
         cpus = rt.rollout_cpus
         # No restarts by Ray itself (max_restarts=0): a transparently restarted actor would take
         # the next call with fresh state (base weights, first prompts). A dead actor fails its

@@ -30,11 +30,12 @@ from typing import Any
 import torch
 
 from cadence.rollout.sample import Group
+from cadence.runtime.cluster import rank_gpus
 from cadence.runtime.config import RuntimeConfig
 from cadence.runtime.connect import connect_ray
 from cadence.train.config import TrainerConfig
 from cadence.train.data_parallel import DataParallel
-from cadence.train.device import rank_device, wants_cuda
+from cadence.train.device import rank_device
 
 # Builds one rank's trainer; must pickle (a module-level function or a functools.partial of one).
 Build = Callable[[DataParallel], Any]
@@ -151,8 +152,7 @@ class TrainerGroup:
             for r in range(self.world)
         ]
         if self.kind == "ray":
-            # A CUDA rank needs a GPU of its own: one each unless runtime.trainer_gpus says otherwise.
-            self._start_ray(ranks, runtime, runtime.trainer_gpus or (1 if wants_cuda(trainer_cfg.device) else 0))
+            self._start_ray(ranks, runtime, rank_gpus(runtime, trainer_cfg.device))
         else:  # one GPU per inline rank: checked when the config loads (check_runtime)
             self._start_processes(ranks)
         self.version = 0
