@@ -184,7 +184,7 @@ def test_bad_rollout_record(tiny6, tmp_path):
     assert result.exit_code == 2 and "1 record" in result.output
 
 
-def test_rollout_record_loss_mask(tiny6, tmp_path):
+def test_rollout_record_loss_mask(tiny6, tmp_path, monkeypatch):
     """An episode's observation tokens (loss_mask 0) get no credit; a bad mask is named."""
     prompt_ids, response_ids = list(range(20, 28)), list(range(30, 60))
     mask = [1] * 10 + [0] * 10 + [1] * 10
@@ -200,6 +200,13 @@ def test_rollout_record_loss_mask(tiny6, tmp_path):
     assert result.exit_code == 0, result.output
     # ceil(0.4 * 20 model tokens) = 8 anchors of 30 response tokens: 26.7% amplified
     assert _summary(result.output).group(3) == "26.7"
+    # A bad record is named before the policy loads (the slow part on a real checkpoint).
+    import cadence.models.loading
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the policy loaded before the record was checked")
+
+    monkeypatch.setattr(cadence.models.loading, "load_policy", no_load)
     result = runner.invoke(app, [*args, "--index", "1", "-o", str(tmp_path / "bad.png")])
     assert result.exit_code == 2 and "loss_mask must be a list of 30 zeros and ones" in result.output
 

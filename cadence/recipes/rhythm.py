@@ -271,12 +271,13 @@ def run_rhythm(
 
     configure_threads(threads)
     tokenizer = load_tokenizer(checkpoint)
-    policy = load_policy(checkpoint)
-    notes: list[str] = []
     loss_mask = None
-    if record is not None:
+    if record is not None:  # the record's own problems, before the (slow) policy load
         prompt_ids, response_ids = record_ids(record, tokenizer, f"{rollout} record {index}")
         loss_mask = record_loss_mask(record, len(response_ids), f"{rollout} record {index}")
+    policy = load_policy(checkpoint)
+    notes: list[str] = []
+    if record is not None:
         vocab = policy.config.vocab_size
         bad = [t for t in prompt_ids + response_ids if not 0 <= t < vocab]
         if bad:
