@@ -106,7 +106,7 @@ class SubprocessExecutor:
 
 def _sandbox_executor(**kwargs: object) -> Executor:
     """bubblewrap-isolated execution (cadence/sandbox), imported only when asked for."""
-    from cadence.sandbox.executor import SandboxExecutor
+    from cadence.envs.sandbox_executor import SandboxExecutor
 
     return SandboxExecutor(**kwargs)
 
