@@ -123,6 +123,31 @@ def test_config_changes_and_allow_lists():
         check_resume_config({"trainer": {"lr": 1}}, {"trainer": {"lr": 2}}, ["train"], "c")
 
 
+def test_a_field_newer_than_the_checkpoint_is_allowed_only_at_its_default():
+    saved, defaults = {"trainer": {"lr": 1}}, {"trainer": {"lr": 1, "new": False}}
+    added = {"trainer.new": {"from": None, "to": False}}
+    assert check_resume_config(saved, {"trainer": {"lr": 1, "new": False}}, [], "c", defaults) == added
+    with pytest.raises(ConfigError, match=r"trainer.new \(None -> True\)"):  # not its default: a real change
+        check_resume_config(saved, {"trainer": {"lr": 1, "new": True}}, [], "c", defaults)
+    with pytest.raises(ConfigError, match="trainer.new"):  # a field the checkpoint had is compared as ever
+        check_resume_config({"trainer": {"lr": 1, "new": True}}, {"trainer": {"lr": 1, "new": False}}, [], "c",
+                            defaults)
+
+
+def test_resume_a_checkpoint_saved_before_a_field_existed(tmp_path):
+    run = _checkpointed_run(tmp_path, [])
+    saved_file = run / "checkpoints" / "step_2" / "run_config.yaml"
+    saved = yaml.safe_load(saved_file.read_text())
+    del saved["trainer"]["bf16_autocast"]  # as written by a cadence without the field
+    saved_file.write_text(yaml.safe_dump(saved))
+    prepare_run_dir(load_config(None, [*QUICK_RUN, "trainer.steps=2", f"logging.run_dir={run}"]), resume=True)
+    entries = yaml.safe_load((run / "resume_changes.yaml").read_text())
+    assert list(entries[0]["changes"]) == ["trainer.bf16_autocast"]  # recorded, not refused
+    with pytest.raises(ConfigError, match=r"--resume: .*trainer.bf16_autocast \(None -> True\)"):
+        prepare_run_dir(load_config(None, [*QUICK_RUN, "trainer.steps=2", f"logging.run_dir={run}",
+                                           "trainer.bf16_autocast=true"]), resume=True)
+
+
 def test_rollout_workers_cannot_change_on_resume_even_when_allowed():
     saved, current = {"runtime": {"rollout_workers": 2}}, {"runtime": {"rollout_workers": 4}}
     with pytest.raises(ConfigError, match="runtime.rollout_workers cannot change on resume"):

@@ -66,7 +66,8 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None
         step, path = found
         saved = saved_config(path, run_dir)
         if saved is not None:
-            changes = check_resume_config(saved, cfg.model_dump(mode="json"), allow_change or [], str(path))
+            changes = check_resume_config(saved, cfg.model_dump(mode="json"), allow_change or [], str(path),
+                                          defaults=RunConfig().model_dump(mode="json"))
             if changes:
                 record_changes(run_dir, step, changes)
         return run_dir  # config.yaml stays the config the run started with

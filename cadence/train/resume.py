@@ -8,7 +8,10 @@ as `logging` allows all of its fields). Allowed changes are appended to
 started with.
 
 Fields that only change how a run is shown, never what it computes, may
-change freely (`FREE`).
+change freely (`FREE`). So may a field the checkpoint's config does not have
+at all, when it holds its schema default: cadence gained the field after the
+checkpoint was saved, and a new field's default keeps the old behaviour. It is
+still recorded with the other changes.
 """
 
 from __future__ import annotations
@@ -55,17 +58,24 @@ def split_allow(values: list[str] | None) -> list[str]:
 
 
 def check_resume_config(
-    saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint: str
+    saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint: str,
+    defaults: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The allowed changes; `ConfigError` (one line, naming the fields and the flag) otherwise."""
+    """The allowed changes; `ConfigError` (one line, naming the fields and the flag) otherwise.
+
+    `defaults`: the schema's default config (nested, like `current`); a field missing from
+    `saved` whose current value is its default is allowed.
+    """
     changes = config_changes(saved, current)
+    had, default = flatten(saved), flatten(defaults or {})
+    added = {k for k, c in changes.items() if k not in had and k in default and default[k] == c["to"]}
     for field in FIXED:
         if field in changes:
             raise ConfigError(
                 f"--resume: {field} cannot change on resume ({changes[field]['from']!r} -> "
                 f"{changes[field]['to']!r}); set {field}={changes[field]['from']!r}"
             )
-    refused = [k for k in changes if not _allowed(k, allow)]
+    refused = [k for k in changes if k not in added and not _allowed(k, allow)]
     if refused:
         shown = ", ".join(f"{k} ({changes[k]['from']!r} -> {changes[k]['to']!r})" for k in refused[:6])
         more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
