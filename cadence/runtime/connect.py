@@ -35,15 +35,15 @@ def connect_ray(runtime: RuntimeConfig, attempts: int = 3, pause_s: float = 2.0)
         except ConnectionError as err:  # ConnectionAbortedError from the client server is one
             if not client:
                 raise
-            first_line = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__  # the server's last line says why
             if attempt == attempts:
                 raise RuntimeError(
                     f"runtime.address={runtime.address}: Ray Client could not connect after {attempts} attempts "
-                    f"({first_line}). Check that the head runs a client server on that port "
+                    f"({reason}). Check that the head runs a client server on that port "
                     "(`ray start --head --ray-client-server-port=PORT`) and read its "
                     "ray_client_server*.err logs on the head."
                 ) from err
             log.warning("Ray Client connection to %s failed (attempt %d of %d): %s; retrying",
-                        runtime.address, attempt, attempts, first_line)
+                        runtime.address, attempt, attempts, reason)
             ray.shutdown()  # drop the half-made client context before the next try
             time.sleep(pause_s * attempt)
