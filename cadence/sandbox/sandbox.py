@@ -120,7 +120,8 @@ class LocalSandbox:
         # Into its cgroup before the agent has its source, so before anything in it can fork.
         # Named per process, not per sandbox id: a replacement under the same id must never share
         # a cgroup with its predecessor, whose removal kills what is inside.
-        self.cgroup = SandboxCgroup.create(f"{self.id}-{uuid.uuid4().hex[:8]}", self.limits.memory_mb << 20)
+        self.cgroup = SandboxCgroup.create(f"{self.id}-{uuid.uuid4().hex[:8]}", self.limits.memory_mb << 20,
+                                            self.limits.cpus)
         if self.cgroup is not None:
             self.cgroup.add_tree(self.proc.pid)
         try:
