@@ -1,17 +1,22 @@
 """A cgroup per sandbox, where the host lets this process make them: a memory total for the whole
-sandbox (all its processes and the files in its tmpfs), and its CPU time, memory and process
-count for the status API.
+sandbox (all its processes and the files in its tmpfs), a CPU quota (`cpus` cores at once), and
+its CPU time, memory and process count for the status API and the pool's CPU budget.
 
-rlimits are per process: without a cgroup, a sandbox can hold `processes x memory_mb`. With one,
-the kernel holds the sandbox to `memory_mb` in all, and its OOM killer ends the largest process
-of that sandbox only (the agent, being small, survives; a call whose process was killed so
-reports `limit="memory"`).
+rlimits are per process: without a cgroup, a sandbox can hold `processes x memory_mb`, and a
+process that forks before its RLIMIT_CPU runs out hands a fresh CPU count to its child. With a
+cgroup, the kernel holds the sandbox to `memory_mb` in all (its OOM killer ends the largest
+process of that sandbox only: the agent, being small, survives; a call whose process was killed
+so reports `limit="memory"`) and to `cpus` cores whatever it forks.
 
-Supported: cgroup v1 with the memory controller (and cpuacct, for CPU time), when this process's
-own memory cgroup is writable: on these machines (a firecracker VM, root) it is. Under cgroup v2
-a sandbox would need the memory controller delegated to this process's subtree; that is not
-implemented, and there (as without root) sandboxes fall back to rlimits alone, which
-`available()` tells.
+Supported:
+- cgroup v1 with the memory controller, when this process's own memory cgroup is writable (on
+  these machines, a firecracker VM as root, it is); the cpu controller (`cpu.cfs_quota_us`) and
+  cpuacct (CPU time) are added where they are writable too.
+- cgroup v2, when this process's own cgroup is writable and delegates the memory controller to
+  its children (`cgroup.subtree_control`: a systemd `Delegate=yes` unit, or a container's
+  namespace root); `cpu.max` where it delegates cpu too.
+Elsewhere (no root, no delegation) `available()` is False: sandboxes fall back to rlimits, and
+the pool measures a sandbox's CPU from /proc instead (`tree_cpu_s`).
 """
 
 from __future__ import annotations
@@ -23,71 +28,130 @@ import time
 
 PREFIX = "cadence-sandbox-"
 STALE_S = 60.0  # an empty sandbox cgroup older than this was left by a crashed service
+CPU_PERIOD_US = 100_000  # the CFS period the quota is a share of (the kernel's default)
+
+# What each version calls the files this module uses: (controller, file name).
+V1_FILES = {
+    "memory.limit": ("memory", "memory.limit_in_bytes"), "memory.now": ("memory", "memory.usage_in_bytes"),
+    "procs": ("memory", "cgroup.procs"), "cpu.quota": ("cpu", "cpu.cfs_quota_us"),
+    "cpu.period": ("cpu", "cpu.cfs_period_us"), "cpu.usage": ("cpuacct", "cpuacct.usage"),
+    "oom": ("memory", "memory.oom_control"),
+}
+V2_FILES = {
+    "memory.limit": ("memory", "memory.max"), "memory.now": ("memory", "memory.current"),
+    "procs": ("memory", "cgroup.procs"), "cpu.max": ("cpu", "cpu.max"), "cpu.stat": ("cpu", "cpu.stat"),
+    "oom": ("memory", "memory.events"),
+}
 
 
-def _v1_mounts() -> dict[str, str]:
-    """cgroup v1 controller -> mount point."""
-    out = {}
+def _mounts() -> list[tuple[str, str, str]]:
+    """(kind, mount point, options) of every cgroup file system."""
+    out = []
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 _, where, kind, opts, *_ = line.split()
-                if kind == "cgroup":
-                    for opt in opts.split(","):
-                        out.setdefault(opt, where)
+                if kind in ("cgroup", "cgroup2"):
+                    out.append((kind, where, opts))
     except OSError:
         pass
     return out
 
 
-def _own_path(controller: str) -> str | None:
-    """This process's cgroup path in `controller`'s v1 hierarchy."""
+def _own_paths() -> dict[str, str]:
+    """This process's cgroup path per v1 controller, and under "" its v2 path."""
+    out = {}
     try:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controller in controllers.split(","):
-                    return path
+                for c in controllers.split(",") if controllers else [""]:
+                    out[c] = path
     except OSError:
         pass
-    return None
+    return out
 
 
-@functools.lru_cache(maxsize=1)
-def _parents() -> dict[str, str]:
-    """Writable parent folders for sandbox cgroups: {"memory": ..., "cpuacct": ...} (memory is
-    required; cpuacct only adds CPU time). Empty when cgroups cannot be used here."""
-    mounts, out = _v1_mounts(), {}
-    for controller in ("memory", "cpuacct"):
-        own = _own_path(controller)
-        if controller not in mounts or own is None:
-            continue
-        parent = os.path.join(mounts[controller], own.lstrip("/"))
-        if os.path.isdir(parent) and os.access(parent, os.W_OK):
-            out[controller] = parent
+def _writable_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK)
+
+
+def _v1_parents(mounts: list[tuple[str, str, str]], own: dict[str, str]) -> dict[str, str]:
+    by_controller: dict[str, str] = {}
+    for kind, where, opts in mounts:
+        if kind == "cgroup":
+            for opt in opts.split(","):
+                by_controller.setdefault(opt, where)
+    out = {}
+    for controller in ("memory", "cpu", "cpuacct"):
+        if controller in by_controller and controller in own:
+            parent = os.path.join(by_controller[controller], own[controller].lstrip("/"))
+            if _writable_dir(parent):
+                out[controller] = parent
     return out if "memory" in out else {}
 
 
+def _v2_parents(mounts: list[tuple[str, str, str]], own: dict[str, str]) -> dict[str, str]:
+    where = next((w for kind, w, _ in mounts if kind == "cgroup2"), None)
+    if where is None or "" not in own:
+        return {}
+    parent = os.path.join(where, own[""].lstrip("/"))
+    try:
+        with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+            delegated = f.read().split()
+    except OSError:
+        return {}
+    if "memory" not in delegated or not _writable_dir(parent):
+        return {}
+    return {c: parent for c in ("memory", "cpu") if c in delegated}
+
+
+@functools.lru_cache(maxsize=1)
+def _layout() -> tuple[int, dict[str, str]]:
+    """(cgroup version, writable parent folder per controller) for sandbox cgroups; (0, {}) when
+    cgroups cannot be used here. v1 first: on a hybrid host the controllers live there."""
+    mounts, own = _mounts(), _own_paths()
+    parents = _v1_parents(mounts, own)
+    if parents:
+        return 1, parents
+    parents = _v2_parents(mounts, own)
+    return (2, parents) if parents else (0, {})
+
+
 def available() -> bool:
-    return bool(_parents())
+    return bool(_layout()[1])
+
+
+def cpu_quota_available() -> bool:
+    """Whether sandboxes get a CPU quota (`cpus`) here."""
+    return "cpu" in _layout()[1]
 
 
 class SandboxCgroup:
-    """The cgroup folders of one sandbox (one per controller)."""
+    """The cgroup folders of one sandbox (one per controller under v1, one in all under v2)."""
 
-    def __init__(self, name: str, memory_bytes: int) -> None:
-        self.dirs = {c: os.path.join(parent, PREFIX + name) for c, parent in _parents().items()}
-        for d in self.dirs.values():
+    def __init__(self, name: str, memory_bytes: int, cpus: float | None = None) -> None:
+        self.version, parents = _layout()
+        self.files = V1_FILES if self.version == 1 else V2_FILES
+        self.dirs = {c: os.path.join(parent, PREFIX + name) for c, parent in parents.items()}
+        for d in set(self.dirs.values()):
             os.makedirs(d, exist_ok=True)
-        self._write("memory", "memory.limit_in_bytes", memory_bytes)
+        self._write("memory.limit", memory_bytes)
+        if cpus is not None and "cpu" in self.dirs:
+            quota = max(1000, int(cpus * CPU_PERIOD_US))  # the kernel's smallest quota is 1 ms
+            if self.version == 1:
+                self._write("cpu.period", CPU_PERIOD_US)
+                self._write("cpu.quota", quota)
+            else:
+                self._write("cpu.max", f"{quota} {CPU_PERIOD_US}")
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int) -> SandboxCgroup | None:
+    def create(cls, name: str, memory_bytes: int, cpus: float | None = None) -> SandboxCgroup | None:
         """A new cgroup, or None where cgroups are not available (or making one failed)."""
         if not available():
             return None
         try:
-            return cls(name, memory_bytes)
+            return cls(name, memory_bytes, cpus)
         except OSError:
             return None
 
@@ -97,7 +161,7 @@ class SandboxCgroup:
         todo = [pid]
         while todo:
             p = todo.pop()
-            for d in self.dirs.values():
+            for d in set(self.dirs.values()):
                 try:
                     with open(os.path.join(d, "cgroup.procs"), "w") as f:
                         f.write(str(p))
@@ -105,41 +169,60 @@ class SandboxCgroup:
                     pass
             todo += _children(p)
 
-    def _write(self, controller: str, name: str, value: int) -> None:
-        with open(os.path.join(self.dirs[controller], name), "w") as f:
+    def _path(self, key: str) -> str | None:
+        controller, name = self.files[key]
+        return os.path.join(self.dirs[controller], name) if controller in self.dirs else None
+
+    def _write(self, key: str, value: int | str) -> None:
+        with open(self._path(key), "w") as f:
             f.write(str(value))
 
-    def _read(self, controller: str, name: str) -> str | None:
-        if controller not in self.dirs:
+    def _read(self, key: str) -> str | None:
+        path = self._path(key) if key in self.files else None
+        if path is None:
             return None
         try:
-            with open(os.path.join(self.dirs[controller], name)) as f:
+            with open(path) as f:
                 return f.read()
         except OSError:
             return None
 
     def memory_bytes(self) -> int | None:
-        raw = self._read("memory", "memory.usage_in_bytes")
+        raw = self._read("memory.now")
         return int(raw) if raw else None
 
     def cpu_s(self) -> float | None:
-        raw = self._read("cpuacct", "cpuacct.usage")
+        """CPU seconds used by every process this cgroup ever held."""
+        if self.version == 2:
+            stat = dict(line.split() for line in (self._read("cpu.stat") or "").splitlines() if " " in line)
+            return int(stat["usage_usec"]) / 1e6 if "usage_usec" in stat else None
+        raw = self._read("cpu.usage")
         return int(raw) / 1e9 if raw else None
 
+    def cpu_quota(self) -> float | None:
+        """The quota in cores, as the kernel holds it (None: no cpu controller, or unlimited)."""
+        if self.version == 2:
+            quota, _, period = (self._read("cpu.max") or "max").partition(" ")
+        else:
+            quota, period = self._read("cpu.quota") or "-1", self._read("cpu.period") or "0"
+        if quota.strip() in ("max", "-1") or not period.strip():
+            return None
+        return int(quota) / int(period)
+
     def processes(self) -> int | None:
-        raw = self._read("memory", "cgroup.procs")
+        raw = self._read("procs")
         return None if raw is None else len(raw.split())
 
     def oom_kills(self) -> int:
         """Processes the kernel killed for this cgroup's memory limit so far."""
-        for line in (self._read("memory", "memory.oom_control") or "").splitlines():
+        for line in (self._read("oom") or "").splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
                 return int(value)
         return 0
 
     def kill_all(self) -> None:
-        for pid in (self._read("memory", "cgroup.procs") or "").split():
+        for pid in (self._read("procs") or "").split():
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except OSError:
@@ -148,7 +231,7 @@ class SandboxCgroup:
     def remove(self, wait_s: float = 1.0) -> None:
         """Kill what is left and remove the folders (a process takes a moment to leave)."""
         deadline = time.monotonic() + wait_s
-        for d in self.dirs.values():
+        for d in set(self.dirs.values()):
             while True:
                 self.kill_all()
                 try:
@@ -165,7 +248,7 @@ class SandboxCgroup:
 def sweep_stale() -> int:
     """Remove empty sandbox cgroups a crashed service left behind; returns how many."""
     removed = 0
-    for parent in _parents().values():
+    for parent in set(_layout()[1].values()):
         try:
             names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
         except OSError:
@@ -179,6 +262,25 @@ def sweep_stale() -> int:
             except OSError:
                 continue
     return removed
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of `pid` and its descendants, from /proc: each live process's own time plus
+    what it collected from children it reaped (the sandbox's pid 1 reaps every orphan, so a
+    process that exited is counted once, in its reaper). The fallback where there is no cgroup;
+    None when `pid` is gone."""
+    ticks, total, todo, seen = os.sysconf("SC_CLK_TCK"), 0, [pid], 0
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seen += 1
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        todo += _children(p)
+    return total / ticks if seen else None
 
 
 def _children(pid: int) -> list[int]:

@@ -7,19 +7,29 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# Upper bounds of every numeric field a client may send: finite (no inf/nan), and small enough
+# that the host's arithmetic on them (deadlines, byte counts, rlimits) cannot overflow.
+MAX_SECONDS = 86_400.0  # a day: timeouts and CPU seconds
+MAX_MB = 1 << 20  # a TiB: memory, disk and file sizes
+MAX_COUNT = 1 << 16  # processes, open files
+
+
 class Limits(BaseModel):
     """Per-sandbox limits. The defaults apply when the caller sets nothing (the hosted services'
     1 GiB / a few hundred processes)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    memory_mb: int = Field(1024, ge=16, description="address space per process (RLIMIT_AS)")
-    processes: int = Field(256, ge=1, description="processes+threads of the sandbox (RLIMIT_NPROC, own uid)")
-    open_files: int = Field(256, ge=16, description="open files per process (RLIMIT_NOFILE)")
-    file_size_mb: int = Field(64, ge=1, description="largest file a process may write (RLIMIT_FSIZE)")
-    disk_mb: int = Field(256, ge=1, description="size of the workspace tmpfs (and of /tmp)")
-    cpu_s: float = Field(30.0, gt=0, description="CPU seconds per exec call (RLIMIT_CPU)")
-    wall_s: float = Field(30.0, gt=0, description="wall-clock seconds per exec call")
+    memory_mb: int = Field(1024, ge=16, le=MAX_MB, description="address space per process (RLIMIT_AS); the whole sandbox's with a cgroup")
+    processes: int = Field(256, ge=1, le=MAX_COUNT, description="processes+threads of the sandbox (RLIMIT_NPROC, own uid)")
+    open_files: int = Field(256, ge=16, le=MAX_COUNT, description="open files per process (RLIMIT_NOFILE)")
+    file_size_mb: int = Field(64, ge=1, le=MAX_MB, description="largest file a process may write (RLIMIT_FSIZE)")
+    disk_mb: int = Field(256, ge=1, le=MAX_MB, description="size of the workspace tmpfs (and of /tmp)")
+    cpu_s: float = Field(30.0, gt=0, le=MAX_SECONDS, description=(
+        "CPU seconds per exec call: RLIMIT_CPU per process, and the whole sandbox's CPU from a call's "
+        "start to the next call's (background processes included; the pool replaces a sandbox past it)"))
+    wall_s: float = Field(30.0, gt=0, le=MAX_SECONDS, description="wall-clock seconds per exec call")
+    cpus: float = Field(1.0, ge=0.01, le=1024, description="CPU cores the whole sandbox may use at once (cgroup cpu quota)")
 
 
 class ExecRequest(BaseModel):
@@ -28,13 +38,13 @@ class ExecRequest(BaseModel):
     calls), `cmd` in the shell session (bash, else sh: the working directory, exported
     variables and functions survive; `env` is exported into it)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cmd: list[str] | str | None = None
     code: str | None = None
     stdin: str = ""
     session: bool = False
-    timeout_s: float | None = Field(None, gt=0, description="wall clock; default the sandbox's wall_s")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall clock; default the sandbox's wall_s")
     env: dict[str, str] = Field(default_factory=dict)
 
 
