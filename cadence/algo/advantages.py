@@ -291,7 +291,22 @@ def gae_advantages(
     values = values.detach() * mask
     r = token_rewards if token_rewards is not None else last_token_rewards(rewards, mask)
     adv = discounted_scan(r * mask, values, mask, cfg.gamma, cfg.lam)
-    return AdvantageOutput(adv, (adv + values) * mask)
+    returns = (adv + values) * mask  # the critic's targets come from the unwhitened advantages
+    if cfg.whiten_advantages:
+        adv = whiten(adv, mask, cfg.adv_eps)
+    return AdvantageOutput(adv, returns)
+
+
+def whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
+    """(x - mean) / (std + eps) over the masked entries (std with n - 1), 0 outside the mask.
+
+    verl whitens GAE advantages this way on every step (`masked_whiten`); cadence only when
+    `whiten_advantages` is set.
+    """
+    n = mask.sum().clamp(min=1.0)
+    mean = (x * mask).sum() / n
+    var = ((x - mean).square() * mask).sum() / (n - 1).clamp(min=1.0)
+    return (x - mean) / (var.sqrt() + eps) * mask
 
 
 @register(

@@ -58,6 +58,17 @@ ALGORITHM_PRESETS: dict[str, dict] = {
 }
 
 
+# Each high-staleness mode's values from its paper / preset, for fields the user left unset.
+MISMATCH_MODE_DEFAULTS: dict[str, dict] = {
+    "icepop": {"low": 0.5, "high": 5.0},  # Ring-1T's alpha, beta
+    "seq_mis": {"cap": 2.0, "sequence_ratio": "product"},  # verl seq_mis(threshold=2.0)
+    "geo_rs": {"low": 0.999, "high": 1.001, "veto": 1e-4},  # verl geo_rs()
+}
+# Modes that multiply the loss by pi_old/mu (not only mask it): a loss that already divides
+# by mu must not get them (the weight would apply twice).
+WEIGHTING_MISMATCH_MODES = ("token", "sequence", "icepop", "seq_mis", "m2po")
+
+
 def _check_eps_low(value: float, field: str) -> float:
     # 1 - eps must stay positive, or the lower clip bound is a non-positive ratio.
     if not 0.0 <= value < 1.0:
@@ -80,14 +91,23 @@ class KLConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     coef: float = Field(0.0, description="KL coefficient beta; 0 disables the KL term.")
-    estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Per-token KL estimator: k1 = log-ratio, k2 = half squared, k3 = GRPO's."
+    estimator: Literal["k1", "k2", "k3", "k2_grad"] = Field(
+        "k3",
+        description="Per-token KL estimator: k1 = log-ratio, k2 = half squared, k3 = GRPO's "
+        "(its gradient is forward KL's); k2_grad = k3's value with k2's gradient, the unbiased "
+        "gradient of KL(pi_theta || pi_ref) ('low_var_kl' done right; see cadence/algo/kl.py).",
     )
     mode: Literal["loss", "reward"] = Field(
         "loss",
         description="'loss': add coef * KL to the loss (GRPO); 'reward': subtract coef * k from "
         "token rewards before advantages (PPO/REINFORCE++).",
     )
+    target: float | None = Field(
+        None,
+        description="Adaptive KL (Ziegler et al. 2019): after each step coef *= 1 + clip(KL/target - 1, "
+        "-0.2, 0.2) * batch_size / horizon. None: coef stays fixed.",
+    )
+    horizon: int = Field(10000, gt=0, description="Adaptive KL: samples over which coef adapts.")
     max_log_ratio: float = Field(
         20.0,
         description="Clamp |log pi_ref - log pi_theta| to this before exp(), so k3 stays finite.",
@@ -113,10 +133,17 @@ class MismatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["auto", "none", "token", "sequence", "mask", "sequence_mask"] = Field(
+    mode: Literal[
+        "auto", "none", "token", "sequence", "mask", "sequence_mask", "icepop", "seq_mis", "geo_rs", "m2po"
+    ] = Field(
         "auto",
         description="'token'/'sequence': multiply the loss by sg(min(pi_old/mu, cap)); "
         "'mask'/'sequence_mask': drop tokens/sequences whose ratio is outside [low, high]; "
+        "'icepop': weight pi_old/mu, tokens outside [low, high] (default 0.5, 5) dropped (Ring-1T); "
+        "'seq_mis': the sequence weight pi_old(y)/mu(y), sequences above cap dropped (verl seq-mis); "
+        "'geo_rs': drop sequences whose geometric-mean ratio is outside [low, high] (default 0.999, "
+        "1.001) or with a token ratio below veto (verl geo-rs); 'm2po': weight pi_old/mu on the tokens "
+        "M2PO's second-moment mask keeps (m2_threshold); "
         "'auto': 'token' for losses whose ratio is against pi_old (ppo, grpo, dr_grpo, gspo, "
         "reinforce), 'none' for those that weight by mu themselves (tis, cispo, topr, decoupled_ppo); "
         "'none': no correction (stale samples are then trained as if fresh).",
@@ -129,6 +156,22 @@ class MismatchConfig(BaseModel):
     )
     low: float = Field(0.5, description="Masking modes: lowest pi_old/mu ratio kept.")
     high: float = Field(2.0, description="Masking modes: highest pi_old/mu ratio kept.")
+    veto: float | None = Field(
+        None,
+        description="geo_rs (default 1e-4 there): drop a sequence with any token ratio pi_old/mu "
+        "below this. None: no veto.",
+    )
+    m2_threshold: float = Field(
+        0.04, description="m2po: tau_M2, the most mean (log pi_old/mu)^2 the kept tokens may have."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_defaults(cls, data: object) -> object:
+        # A mode's paper values for the fields the user did not set (an explicit value wins).
+        if isinstance(data, dict) and data.get("mode") in MISMATCH_MODE_DEFAULTS:
+            return {**MISMATCH_MODE_DEFAULTS[data["mode"]], **data}
+        return data
 
     @field_validator("cap")
     @classmethod
@@ -143,6 +186,20 @@ class MismatchConfig(BaseModel):
             raise ValueError(
                 f"mismatch.low={self.low}, mismatch.high={self.high}: need 0 <= low < high "
                 "(e.g. low=0.5, high=2.0)"
+            )
+        if self.mode in ("icepop", "geo_rs", "mask", "sequence_mask") and not self.low <= 1.0 <= self.high:
+            raise ValueError(
+                f"mismatch.mode={self.mode!r} with [low, high] = [{self.low}, {self.high}] would reject "
+                "fresh samples (ratio 1): need low <= 1 <= high"
+            )
+        if self.veto is not None and not 0.0 < self.veto < 1.0:
+            raise ValueError(f"mismatch.veto={self.veto} must be in (0, 1) (1e-4 is verl's) or null")
+        if not self.m2_threshold > 0:
+            raise ValueError(f"mismatch.m2_threshold={self.m2_threshold} must be > 0 (M2PO uses 0.04)")
+        if self.mode == "geo_rs" and self.sequence_ratio != "geometric":
+            raise ValueError(
+                "mismatch.mode='geo_rs' is geometric-mean rejection by definition: drop "
+                "mismatch.sequence_ratio='product' (or use mode='sequence_mask')"
             )
         return self
 
@@ -247,6 +304,11 @@ class AlgorithmConfig(BaseModel):
         True, description="Std with Bessel's correction (n - 1), as torch.std; False divides by n."
     )
     adv_eps: float = Field(1e-6, description="Added to the std before dividing, avoids 0/0.")
+    whiten_advantages: bool = Field(
+        False,
+        description="gae: shift and scale the advantages to mean 0, std 1 over the batch's response "
+        "tokens, as verl always does (cadence does not by default: off keeps the critic's scale).",
+    )
 
     # --- field checks
     @field_validator("loss")
@@ -369,11 +431,26 @@ class AlgorithmConfig(BaseModel):
             )
         if not self.tis_cap > 0:
             raise ValueError(f"tis_cap={self.tis_cap} must be > 0 (Yao et al. use 2)")
-        if loss_registry.spec(self.loss).behaviour_weighted and self.mismatch.mode in ("token", "sequence"):
+        if loss_registry.spec(self.loss).behaviour_weighted and self.mismatch.mode in WEIGHTING_MISMATCH_MODES:
             raise ValueError(
                 f"loss={self.loss!r} already weights tokens by the behaviour policy mu; mismatch.mode="
                 f"{self.mismatch.mode!r} would apply pi_old/mu a second time. Use mismatch.mode='auto' "
-                "(or 'none') or a masking mode ('mask', 'sequence_mask')"
+                "(or 'none') or a masking mode ('mask', 'sequence_mask', 'geo_rs')"
+            )
+        if self.mismatch.mode == "m2po" and self.dual_clip is not None:
+            raise ValueError(
+                "mismatch.mode='m2po' replaces the clip with its second-moment mask (M2PO has no clip); "
+                "dual_clip would bound what the mask keeps: set dual_clip to null"
+            )
+        if self.whiten_advantages and self.advantage != "gae":
+            raise ValueError(
+                f"whiten_advantages=True whitens GAE advantages; advantage={self.advantage!r} is already "
+                "normalised (std_normalize): use advantage='gae' (name='ppo' or 'asyppo') or drop it"
+            )
+        if self.kl.target is not None and (self.kl.coef == 0 or self.kl.mode != "loss"):
+            raise ValueError(
+                f"kl.target={self.kl.target} adapts kl.coef from the KL measured in the loss: set "
+                "kl.coef > 0 (the starting value) and kl.mode='loss'"
             )
         adv = advantage_registry.spec(self.advantage)
         if adv.needs_values and not self.uses_critics:

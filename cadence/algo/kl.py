@@ -10,6 +10,26 @@ divergence" notes):
 
 k3 is what GRPO (DeepSeekMath) adds to its loss.
 
+Their gradients, as a loss term (d = log pi_ref - log pi_theta, so
+grad d = -grad log pi_theta; expectations over y ~ pi_theta). The gradient we
+want is that of KL(pi_theta || pi_ref) = E[-d], which is
+E[-d grad log pi_theta] (the score-function term; E[grad log pi_theta] = 0):
+
+    grad k1 = grad log pi_theta               E = 0: no signal at all, only noise
+    grad k2 = d grad d = -d grad log pi_theta E = grad KL(pi_theta || pi_ref): exact
+    grad k3 = (1 - pi_ref/pi_theta) grad log pi_theta
+                                              E = -E_{pi_ref}[grad log pi_theta]
+                                                = grad KL(pi_ref || pi_theta): the *forward* KL
+
+So k3 is a good (unbiased, low-variance) estimate of the KL's *value*, but
+differentiating it optimises the other direction of the KL; verl's
+"low_var_kl" is k3 (clamped to [-10, 10]) and inherits this. `k2_grad` is the
+fix: the value of k3 and the gradient of k2,
+    k2_grad = sg(k3 - k2) + k2,
+so the logged number is k3's and the update is the reverse KL's. (Tokens come
+from mu, not pi_theta, in asynchronous runs; the KL term is not importance
+weighted, as in verl and TRL.)
+
 Two places to use the penalty:
 - as a loss term (`kl.mode = "loss"`): `kl_loss` aggregates the estimator,
   which carries gradient through log pi_theta; the trainer adds coef * it.
@@ -40,7 +60,7 @@ def kl_estimate(
 
     With d = log pi_ref - log pi_theta (clamped to [-max_log_ratio, max_log_ratio]
     so exp() cannot overflow):
-        k1 = -d,  k2 = d^2 / 2,  k3 = exp(d) - d - 1.
+        k1 = -d,  k2 = d^2 / 2,  k3 = exp(d) - d - 1,  k2_grad = k3 in value, k2 in gradient.
     """
     log_ratio = (ref_logprobs - logprobs).clamp(-max_log_ratio, max_log_ratio)
     if estimator == "k1":
@@ -50,7 +70,29 @@ def kl_estimate(
     if estimator == "k3":
         # expm1 keeps precision when d is tiny (exp(d) - 1 cancels badly in float32).
         return torch.expm1(log_ratio) - log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
+    if estimator == "k2_grad":
+        k2 = 0.5 * log_ratio.square()
+        return (torch.expm1(log_ratio) - log_ratio - k2).detach() + k2
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3, k2_grad")
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019), "Fine-Tuning Language Models from Human Preferences", section 2.2:
+
+        e = clip(KL / target - 1, -0.2, 0.2),    beta <- beta * (1 + e * n / horizon)
+
+    with KL the measured KL(pi_theta || pi_ref) of a step and n its batch size
+    (sequences). beta grows while the policy drifts past the target and shrinks
+    below it, by at most 20% per `horizon` samples.
+    """
+
+    def __init__(self, coef: float, target: float, horizon: int) -> None:
+        self.coef, self.target, self.horizon = coef, target, horizon
+
+    def update(self, kl: float, n: int) -> float:
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.coef *= 1.0 + error * n / self.horizon
+        return self.coef
 
 
 def kl_loss(

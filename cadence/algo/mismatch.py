@@ -18,6 +18,13 @@ Per-token ratio rho_t = pi_old(y_t) / mu(y_t) = exp(log pi_old - log mu).
 | sequence      | sg(min(rho_seq, C)) for every token of the sequence          |
 | mask          | 1 if low <= rho_t <= high else 0                             |
 | sequence_mask | 1 if low <= rho_seq <= high else 0, for the whole sequence  |
+| icepop        | rho_t if low <= rho_t <= high else 0 (IcePop, Ring-1T)       |
+| seq_mis       | rho_seq if rho_seq <= C else 0, whole sequence (verl seq-mis)|
+| geo_rs        | 1 if low <= rho_geo <= high and no rho_t < veto, else 0      |
+| m2po          | rho_t on tokens M2PO's second-moment mask keeps, else 0      |
+
+The last four are the corrections for highly stale samples; their equations
+and papers are in offpolicy.py.
 
 rho_seq is selected by `sequence_ratio`:
 - "geometric" (default): exp(mean_t log rho_t), the per-token geometric mean.
@@ -41,6 +48,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from cadence.algo import offpolicy
 
 if TYPE_CHECKING:
     from cadence.algo.config import MismatchConfig
@@ -106,6 +115,19 @@ def mismatch_correction(
         seq = sequence_log_ratio(log_ratio, mask, cfg.sequence_ratio)
         keep_seq = ((seq >= log_low) & (seq <= log_high)).to(log_ratio.dtype)
         return MismatchCorrection(ones, keep_seq.unsqueeze(-1).expand_as(log_ratio), log_ratio)
+    if cfg.mode == "icepop":
+        return MismatchCorrection(*offpolicy.icepop(log_ratio, cfg.low, cfg.high), log_ratio)
+    if cfg.mode == "seq_mis":
+        seq = sequence_log_ratio(log_ratio, mask, cfg.sequence_ratio)
+        return MismatchCorrection(*offpolicy.seq_mis(seq, log_ratio, cfg.cap), log_ratio)
+    if cfg.mode == "geo_rs":
+        return MismatchCorrection(*offpolicy.geo_rs(log_ratio, mask, cfg.low, cfg.high, cfg.veto), log_ratio)
+    if cfg.mode == "m2po":
+        keep = offpolicy.m2po_keep(log_ratio, mask, cfg.m2_threshold)
+        # The mask bounds the second moment, so the weight needs no cap; exp of a kept
+        # ratio is at most exp(sqrt(N * tau)), a dropped one is clamped before it is zeroed.
+        return MismatchCorrection(torch.exp(log_ratio.clamp(-30.0, 30.0)), keep, log_ratio)
     raise ValueError(
-        f"unknown mismatch mode {cfg.mode!r}; valid: none, token, sequence, mask, sequence_mask"
+        f"unknown mismatch mode {cfg.mode!r}; valid: none, token, sequence, mask, sequence_mask, "
+        "icepop, seq_mis, geo_rs, m2po"
     )

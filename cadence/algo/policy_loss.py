@@ -19,6 +19,7 @@ from cadence.algo.asyppo import asyppo_objective_terms
 from cadence.algo.kl import kl_loss
 from cadence.algo.losses import LossOutput, PolicyLossInputs, get
 from cadence.algo.mismatch import mismatch_correction
+from cadence.algo.offpolicy_metrics import offpolicy_metrics
 
 if TYPE_CHECKING:
     from cadence.algo.config import AlgorithmConfig
@@ -146,6 +147,7 @@ def compute_policy_loss(
             "response_tokens": float(n_tokens),
         }
         metrics |= {name: _masked_mean(value, mask) for name, value in token_loss.stats.items()}
+        metrics |= offpolicy_metrics(correction.log_ratio, correction.weight, correction.keep, mask)
 
     # KL and entropy join the loss only when their tensors are supplied, so a trainer that
     # adds them itself does not count them twice. Supplying them here is the better path:
