@@ -31,7 +31,7 @@ from cadence.algo.advantages import spec as advantage_spec
 from cadence.algo.aggregation import batch_denominators
 from cadence.algo.asyppo import aggregate_values, uncertainty_masks
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.kl import shape_token_rewards
+from cadence.algo.kl import AdaptiveKLController, shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm_shaping import credit_metrics, shape_advantages
@@ -97,6 +97,8 @@ class PolicyTrainer:
         if algo_cfg.kl.coef > 0 and reference is None:
             reference = frozen_copy(policy)
         self.reference = reference.to(self.device) if algo_cfg.kl.coef > 0 else None
+        kl = algo_cfg.kl  # kl.target: the coefficient adapts after every step (Ziegler et al.)
+        self.kl_control = AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.target is not None else None
         # Data parallel: DDP's wrapper, or the same module sharded by FSDP2 (its parameters
         # become DTensors, so the optimizer is built after this).
         self.policy = dp.wrap(policy) if dp is not None else policy
@@ -146,6 +148,9 @@ class PolicyTrainer:
         if updates:  # a version is a set of weights: critic warm-up steps leave it unchanged
             self.version += 1
             self._sync_credit()
+        if self.kl_control is not None and "train/kl_ref" in metrics:
+            self.algo.kl.coef = self.kl_control.update(metrics["train/kl_ref"], len(batch))
+            metrics["train/kl_coef"] = self.algo.kl.coef
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/seconds"] = time.perf_counter() - start
         metrics["train/staleness_mean"] = float(staleness.mean())
@@ -343,7 +348,8 @@ class PolicyTrainer:
             share = float(part.mask.sum()) / max(float(tokens), 1.0)
             for k, v in out.metrics.items():
                 weight = 1.0 if k in ADDITIVE_METRICS else share
-                sums[f"train/{k}"] = sums.get(f"train/{k}", 0.0) + v * weight
+                key = k if "/" in k else f"train/{k}"  # offpolicy/* keep their own prefix
+                sums[key] = sums.get(key, 0.0) + v * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -357,6 +363,7 @@ class PolicyTrainer:
     def state_dict(self) -> dict:
         """On CPU, so a checkpoint loads on any machine; loading casts it back to the parameters' device."""
         state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
+        state["kl_coef"] = self.algo.kl.coef  # adaptive KL moves it
         if self.dp is None:  # data parallel: the optimizer's shards go to `save_sharded`
             state["optimizer"] = self.optimizer.state_dict()
         if self.critics is not None:
@@ -380,6 +387,8 @@ class PolicyTrainer:
         else:
             load_full_optimizer(self.policy, self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.kl_control is not None and "kl_coef" in state:
+            self.algo.kl.coef = self.kl_control.coef = float(state["kl_coef"])
         if self.critics is not None:
             self.critics.load_state_dict(state["critics"])
         self._sync_credit()
