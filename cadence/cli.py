@@ -46,10 +46,13 @@ def eval_notes(cfg: RunConfig) -> list[str]:
     return notes
 
 
-def _resume_command() -> str:
-    """The command line that continues this run: the same arguments, plus --resume."""
+def _resume_command(cfg: RunConfig) -> str:
+    """The command line that continues this run: the same arguments, plus --resume (and the run's
+    name when it was chosen by start time, so a later run cannot become "the latest")."""
     args = sys.argv[1:]
-    return shlex.join(["cadence", *args, *([] if "--resume" in args else ["--resume"])])
+    chosen = "{name}" in cfg.logging.run_dir and not any(a.startswith("logging.name=") for a in args)
+    named = [f"logging.name={cfg.logging.name}"] if chosen else []
+    return shlex.join(["cadence", *args, *named, *([] if "--resume" in args else ["--resume"])])
 
 
 @app.command()
@@ -72,17 +75,25 @@ def train(
 
     if allow_change and not resume:
         _fail(ConfigError("--allow-change only applies with --resume"))
+    from cadence.observe.run_name import choose_run_name, named_explicitly
+
     try:
         cfg = load_config(config, overrides)
+        auto_name = not named_explicitly(cfg)
+        choose_run_name(cfg, resume)
     except ConfigError as err:
         _fail(err)
     for note in eval_notes(cfg):
         _note(note)
+    if resume and auto_name:
+        typer.echo(f"resuming the latest run: {cfg.run_dir()}")
     from cadence.runtime.supervisor import CHILD_ENV, supervise
 
     if cfg.runtime.max_restarts > 0 and not os.environ.get(CHILD_ENV):
-        # Unattended: a parent process that resumes the run from its last checkpoint when it dies.
+        # Unattended: a parent process that resumes the run from its last checkpoint when it dies;
+        # its children get the run's name, so each restart continues this run, not a new one.
         args = [*(["--config", config] if config else []), *(overrides or []),
+                *([f"logging.name={cfg.logging.name}"] if auto_name else []),
                 *(f"--allow-change={a}" for a in allow_change or [])]
         raise typer.Exit(supervise(cfg, args, resume))
     from cadence.recipes.train_rlvr import TrainingInterrupted
@@ -99,7 +110,7 @@ def train(
             saved = f"checkpoint {stop.checkpoint[1]} (step {stop.checkpoint[0]})"
         typer.secho(
             f"interrupted after step {stop.step}; saved: {saved}, metrics to step {stop.step} in "
-            f"{stop.run_dir / 'metrics.jsonl'}. Continue with: {_resume_command()}",
+            f"{stop.run_dir / 'metrics.jsonl'}. Continue with: {_resume_command(cfg)}",
             fg=typer.colors.YELLOW,
             err=True,
         )

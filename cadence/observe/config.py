@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def timestamp_name() -> str:
+    """Now, as a run name that sorts by time (as Hydra names its runs)."""
+    return datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 class LoggingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     run_dir: str = Field("runs/{name}", description="Output folder; {name} is replaced by `name`.")
-    name: str = Field("default", description="Run name.")
+    name: str = Field(
+        default_factory=timestamp_name, description="Run name; default: the start time, so each run gets "
+        "a new folder (`cadence train --resume` without a name continues the latest run)."
+    )
     tensorboard: bool = Field(True, description="Write TensorBoard events.")
     wandb: bool = Field(False, description="Log to Weights & Biases (needs `wandb`).")
     mlflow: bool = Field(False, description="Log to MLflow (needs `mlflow`).")

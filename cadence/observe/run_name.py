@@ -1,0 +1,54 @@
+"""Run names: a new folder per run unless `logging.name` is given, and `--resume` finds the latest.
+
+Without `logging.name`, `cadence train` names the run by its start time
+(`runs/2026-11-27_13-05-12`, as Hydra does), so one command after another never
+collides with an earlier run's checkpoints. `cadence train --resume` without a name
+continues the most recently started run under the same parent folder. A name given
+explicitly keeps its old meaning: that folder, refused if it already holds
+checkpoints and `--resume` is not given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cadence.config import ConfigError, RunConfig
+
+CONFIG_FILE = "config.yaml"  # written when a run starts (train_rlvr.prepare_run_dir); marks a run folder
+
+
+def named_explicitly(cfg: RunConfig) -> bool:
+    """Whether the config or an override set `logging.name` (not the start-time default)."""
+    return "name" in cfg.logging.model_fields_set
+
+
+def _runs_root(cfg: RunConfig) -> Path | None:
+    """The folder holding every run folder of this template (`runs` for `runs/{name}`), or None
+    when `logging.run_dir` names one fixed folder."""
+    path = Path(cfg.logging.run_dir)
+    return path.parent if path.name == "{name}" else None
+
+
+def latest_run(root: Path) -> Path | None:
+    """The most recently started run folder under `root` (by its config.yaml's time), or None."""
+    runs = [p.parent for p in root.glob(f"*/{CONFIG_FILE}")] if root.is_dir() else []
+    return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime, default=None)
+
+
+def choose_run_name(cfg: RunConfig, resume: bool) -> None:
+    """Settle `cfg.logging.name` for `cadence train`, before anything loads: a fresh, unused
+    start-time name for a new run; for `--resume`, the latest run's name."""
+    root = _runs_root(cfg)
+    if named_explicitly(cfg) or root is None:
+        return
+    if resume:
+        found = latest_run(root)
+        if found is None:
+            raise ConfigError(f"--resume: no run to continue under {root}/; start one with `cadence train`, "
+                              "or name the run with logging.name=<name>")
+        cfg.logging.name = found.name
+        return
+    base, n = cfg.logging.name, 1
+    while cfg.run_dir().exists():  # two runs started in the same second
+        n += 1
+        cfg.logging.name = f"{base}-{n}"
