@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
-import re
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from pydantic_core import to_json
 
+from cadence.dashboard.hosts import allowed_names, host_allowed
+from cadence.dashboard.matching import MATCH_TIMEOUT_S, MatchError
 from cadence.dashboard.rhythm import RhythmReader
 from cadence.dashboard.runs import RunIndex, RunReader
 from cadence.dashboard.sandboxes import SandboxService
@@ -43,9 +44,18 @@ def plotly_js() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+def sse_json(value: Any) -> str:
+    """JSON the browser's JSON.parse reads: NaN and infinities (a run file may hold them) become null,
+    as in the JSON endpoints."""
+    return to_json(value, inf_nan_mode="null").decode()
+
+
 def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, token: str | None = None,
-               poll_s: float = 1.0) -> FastAPI:
+               poll_s: float = 1.0, hosts: set[str] | None = None,
+               match_timeout_s: float = MATCH_TIMEOUT_S) -> FastAPI:
+    """`hosts`: the names a request's Host header may carry (default: loopback's, see hosts.py)."""
     index = RunIndex(Path(runs_dir))
+    hosts = allowed_names("127.0.0.1") if hosts is None else hosts
     services = sandboxes or []
     rhythm = RhythmReader()
     app = FastAPI(title="cadence dashboard", docs_url=None, redoc_url=None, openapi_url=None)
@@ -62,6 +72,17 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
             if request.query_params.get("token"):
                 response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
             return response
+
+    # Added last, so it runs first: a request under a foreign name gets nothing, not even a 401.
+    @app.middleware("http")
+    async def check_host(request: Request, call_next):
+        header = request.headers.get("host")
+        server = request.scope.get("server")
+        if not host_allowed(header, hosts, server[1] if server else None):
+            return JSONResponse({"detail": f"Host {header!r} is not a name of this dashboard (DNS rebinding?); "
+                                           "open it as http://127.0.0.1:PORT/, or allow the name with "
+                                           "--allow-host NAME"}, status_code=421)
+        return await call_next(request)
 
     def reader(name: str) -> RunReader:
         found = index.reader(name)
@@ -105,12 +126,11 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
     async def metrics(name: str, keys: str | None = None, match: str | None = None,
                       max_points: int = 2000) -> dict[str, Any]:
         found = await refreshed(name, events=False, samples=False)
-        if match is not None:
-            try:
-                re.compile(match)
-            except re.error as err:
-                raise HTTPException(400, f"match: not a regular expression ({err})") from None
-        return found.series(keys.split(",") if keys else None, max(10, min(max_points, 100000)), match)
+        try:  # in a thread: a pattern's search must not hold up the other requests
+            return await asyncio.to_thread(found.series, keys.split(",") if keys else None,
+                                           max(10, min(max_points, 100000)), match, match_timeout_s)
+        except MatchError as err:
+            raise HTTPException(400, str(err)) from None
 
     @app.get("/api/runs/{name}/timeline")
     async def timeline(name: str, last_s: float = 120.0) -> dict[str, Any]:
@@ -150,7 +170,7 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
             cursor, generation = rows, gen
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
-                listing = json.dumps(await asyncio.to_thread(index.runs, poll_s / 2))
+                listing = sse_json(await asyncio.to_thread(index.runs, poll_s / 2))
                 if listing != last.get("runs"):
                     last["runs"] = listing
                     yield f"event: runs\ndata: {listing}\n\n"
@@ -158,17 +178,17 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
                     await asyncio.to_thread(watched.refresh, True, watched.events_wanted, watched.samples_wanted)
                     if watched.generation != generation:  # metrics.jsonl was cut back: start over
                         generation, cursor = watched.generation, 0
-                        yield f"event: reset\ndata: {json.dumps({'gen': generation})}\n\n"
+                        yield f"event: reset\ndata: {sse_json({'gen': generation})}\n\n"
                     if len(watched.rows) > cursor:
                         new = watched.new_rows(cursor)
                         cursor = len(watched.rows)
-                        yield f"event: rows\ndata: {json.dumps({'gen': generation, 'rows': new})}\n\n"
+                        yield f"event: rows\ndata: {sse_json({'gen': generation, 'rows': new})}\n\n"
                     for key, count in (("timeline", watched.span_count), ("samples", watched.sample_count)):
                         if count != last.get(key):
                             last[key] = count
                             yield f"event: {key}\ndata: {count}\n\n"
                 if services:
-                    snaps = json.dumps([await asyncio.to_thread(s.snapshot) for s in services])
+                    snaps = sse_json([await asyncio.to_thread(s.snapshot) for s in services])
                     yield f"event: sandboxes\ndata: {snaps}\n\n"
                 try:
                     await asyncio.sleep(poll_s)

@@ -11,36 +11,39 @@ file tailed from the byte offset where the last read stopped.
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import re
 import threading
 import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from cadence.dashboard.matching import MATCH_TIMEOUT_S, matching
+from cadence.dashboard.run_files import (
+    UNREADABLE,
+    dig,
+    read_config,
+    read_json,
+    run_status,
+    target_steps,
+    trains_on,
+)
 from cadence.dashboard.tail import JsonlTail, last_record
 from cadence.observe.events import EVENTS_DIR
-from cadence.observe.run_status import read_status
 from cadence.observe.sample_log import OLD_SAMPLES_FILE, SAMPLES_FILE
 
 SPANS_KEPT = 20000  # per actor: the timeline shows recent minutes, not a whole week-long run
 SAMPLES_KEPT = 4000
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# The files a runs-list row is read from, in the order the row's `updated` time looks at them first.
+ROW_FILES = ("metrics.jsonl", "status.json", "config.yaml", "summary.json", "resume_changes.yaml")
 
 
 def is_run(path: Path) -> bool:
     return path.is_dir() and ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists())
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+def _int(v: Any) -> bool:
+    return type(v) is int
 
 
 def _finite(v: Any) -> bool:
@@ -86,6 +89,7 @@ class RunReader:
         new = self._metrics.read()
         if self._metrics.reset:
             self.rows, self.keys, self._columns, self.generation = [], set(), {}, self.generation + 1
+        new = [row for row in new if _int(row.get("step"))]  # a row without a step has no place on a chart
         self.rows.extend(new)
         for row in new:
             self.keys.update(row)
@@ -100,9 +104,12 @@ class RunReader:
         for actor, tail in self._event_tails.items():
             for rec in tail.read():
                 if rec.get("kind") == "staleness":
-                    self.staleness.update({int(k): v for k, v in rec.get("counts", {}).items()})
-                    self.alpha = rec.get("alpha", self.alpha)
-                elif "state" in rec:
+                    counts = rec.get("counts")
+                    if isinstance(counts, dict) and all(k.isdigit() and _int(v) for k, v in counts.items()):
+                        self.staleness.update({int(k): v for k, v in counts.items()})
+                    if _int(rec.get("alpha")):
+                        self.alpha = rec["alpha"]
+                elif isinstance(rec.get("state"), str) and _finite(rec.get("t0")) and _finite(rec.get("t1")):
                     self.spans[actor].append(rec)
                     self.span_count += 1
 
@@ -112,20 +119,24 @@ class RunReader:
             self._add_samples(JsonlTail(self.dir / OLD_SAMPLES_FILE).read())
         new = self._samples_new.read()
         if self._samples_new.reset:  # rotated: what we held is now samples.1.jsonl
-            new = [r for r in new if (r["step"], r["group_id"]) not in {(s["step"], s["group_id"]) for s in self.samples}]
+            new = [r for r in new if (r.get("step"), r.get("group_id")) not in {(s["step"], s["group_id"]) for s in self.samples}]
         self._add_samples(new)
 
     def _add_samples(self, records: list[dict[str, Any]]) -> None:
+        records = [r for r in records if _sample_ok(r)]
         self.samples.extend(records)
         self.sample_count += len(records)
 
     # -- what the API returns --------------------------------------------------------
-    def series(self, keys: list[str] | None, max_points: int = 2000, match: str | None = None) -> dict[str, Any]:
+    def series(self, keys: list[str] | None, max_points: int = 2000, match: str | None = None,
+               match_timeout_s: float = MATCH_TIMEOUT_S) -> dict[str, Any]:
         """Per key (the given ones, or every key matching the regular expression `match`, or all),
         (step, value) over the rows that have it, thinned to `max_points` by taking every n-th
-        point (the last point always kept)."""
+        point (the last point always kept). A pattern too long or too slow raises MatchError."""
         if keys is None:
-            keys = sorted(k for k in self.keys - {"step"} if match is None or re.search(match, k))
+            keys = sorted(self.keys - {"step"})
+            if match is not None:
+                keys = matching(match, keys, match_timeout_s)
         out = {}
         for key in keys:
             xs, ys = self._column(key)
@@ -181,17 +192,34 @@ class RunReader:
         return sorted(found, key=lambda s: s["index"])
 
     def details(self) -> dict[str, Any]:
-        config_text = _text(self.dir / "config.yaml")
         ckpt = self.dir / "checkpoints"
+        status = run_status(self.dir)
+        _, problem = read_config(self.dir)
+        if problem and not status.get("error"):
+            status["error"] = problem
         return {
             "name": self.name,
-            "status": read_status(self.dir),
-            "config": config_text,
-            "summary": _read_json(self.dir / "summary.json"),
+            "status": status,
+            "config": _text(self.dir / "config.yaml"),
+            "summary": read_json(self.dir / "summary.json"),
             "checkpoints": sorted((p.name for p in ckpt.iterdir() if p.is_dir()), key=_step_of) if ckpt.is_dir() else [],
             "reward_errors": _text(self.dir / "reward_errors.log", limit=20000),
             "resume_changes": _text(self.dir / "resume_changes.yaml"),
         }
+
+
+def _sample_ok(record: dict[str, Any]) -> bool:
+    """Whether a sample-log line has what the samples view reads (a hand-edited or foreign line is skipped)."""
+    if not all(_int(record.get(k)) for k in ("step", "group_id", "index")):
+        return False
+    if not isinstance(record.get("prompt"), str) or not isinstance(record.get("group_rewards"), list):
+        return False
+    tokens, mask = record.get("tokens"), record.get("loss_mask")
+    if not isinstance(tokens, list) or not isinstance(mask, list) or len(tokens) != len(mask):
+        return False
+    logprobs, paid = record.get("logprobs"), record.get("turn_rewards")
+    return (logprobs is None or isinstance(logprobs, list)) and (
+        paid is None or (isinstance(paid, list) and all(isinstance(p, list) and len(p) == 2 and _int(p[0]) for p in paid)))
 
 
 def turns(sample: dict[str, Any]) -> list[dict[str, Any]]:
@@ -237,7 +265,7 @@ class RunIndex:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._readers: dict[str, RunReader] = {}
-        self._configs: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._configs: dict[str, tuple[int, tuple[dict[str, Any], str | None]]] = {}
         self._rows: dict[str, tuple[tuple, dict[str, Any]]] = {}  # name -> (files' mtimes, row)
         self._listing: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self._lock = threading.Lock()
@@ -265,50 +293,51 @@ class RunIndex:
         return listing
 
     def _cached_row(self, run_dir: Path) -> dict[str, Any]:
-        stamp = tuple(_mtime(run_dir / f) for f in ("metrics.jsonl", "status.json", "summary.json", "config.yaml"))
+        stamp = tuple(_mtime(run_dir / f) for f in ROW_FILES)
         cached = self._rows.get(run_dir.name)
         # A run still `running` is read again anyway: its process may have died without a word.
         if cached is None or cached[0] != stamp or cached[1]["state"] == "running":
-            cached = (stamp, self._row(run_dir))
+            try:
+                row = self._row(run_dir)
+            except Exception as err:  # whatever a bad folder holds, the other runs still list
+                row = {"name": run_dir.name, "state": UNREADABLE, "error": f"{type(err).__name__}: {err}",
+                       "updated": max(stamp) / 1e9}
+            cached = (stamp, row)
             self._rows[run_dir.name] = cached
         return cached[1]
 
     def _row(self, run_dir: Path) -> dict[str, Any]:
-        status = read_status(run_dir)
-        metrics = run_dir / "metrics.jsonl"
-        last = last_record(metrics) or {}
-        cfg = self._config(run_dir)
-        summary = _read_json(run_dir / "summary.json") or {}
-        mtimes = [p.stat().st_mtime for p in (metrics, run_dir / "status.json", run_dir / "config.yaml") if p.exists()]
-        before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+        status = run_status(run_dir)
+        last = last_record(run_dir / "metrics.jsonl") or {}
+        cfg, problem = self._config(run_dir)
+        summary = read_json(run_dir / "summary.json")
+        reward = last.get("reward/mean")
         return {
             "name": run_dir.name,
-            "state": status.get("state", "unknown"),
-            "error": status.get("error"),
-            "step": last.get("step", 0),
-            "steps": (cfg.get("trainer") or {}).get("steps"),
-            "task": (cfg.get("task") or {}).get("name"),
-            "env": (cfg.get("env") or {}).get("name") if cfg.get("env") else None,
-            "algorithm": (cfg.get("algorithm") or {}).get("name"),
-            "credit": (cfg.get("algorithm") or {}).get("credit"),
-            "reward": last.get("reward/mean"),
-            "pass_before": before.get("pass_at_1"),
-            "pass_after": after.get("pass_at_1"),
+            "state": status["state"],
+            "error": status.get("error") or problem,
+            "step": last.get("step", 0) if _int(last.get("step", 0)) else None,
+            "steps": target_steps(cfg, run_dir),
+            "task": trains_on(cfg),
+            "env": _str(dig(cfg, "env", "name")),
+            "algorithm": _str(dig(cfg, "algorithm", "name")),
+            "credit": _str(dig(cfg, "algorithm", "credit")),
+            "reward": reward if _finite(reward) else None,
+            "pass_before": dig(summary, "eval_before", "pass_at_1"),
+            "pass_after": dig(summary, "eval_after", "pass_at_1"),
             "started": status.get("started"),
-            "updated": max(mtimes) if mtimes else 0.0,
+            "updated": max((_mtime(run_dir / f) for f in ROW_FILES[:3]), default=0) / 1e9,
         }
 
-    def _config(self, run_dir: Path) -> dict[str, Any]:
-        path = run_dir / "config.yaml"
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            return {}
+    def _config(self, run_dir: Path) -> tuple[dict[str, Any], str | None]:
+        """config.yaml read once per change: (the mapping, the problem if it could not be read)."""
+        mtime = _mtime(run_dir / "config.yaml")
         cached = self._configs.get(run_dir.name)
         if cached is None or cached[0] != mtime:
-            try:
-                cached = (mtime, yaml.load(path.read_text(), Loader=_Loader) or {})
-            except yaml.YAMLError:
-                cached = (mtime, {})
+            cached = (mtime, read_config(run_dir))
             self._configs[run_dir.name] = cached
         return cached[1]
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)

@@ -1,5 +1,6 @@
 """Serve the dashboard with uvicorn: 127.0.0.1 by default; bound anywhere else, it asks for
-an access token (generated at start and printed in the address)."""
+an access token (generated at start and printed in the address). Either way it answers only
+requests whose Host header is one of its names (hosts.py)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,25 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from cadence.dashboard.hosts import LOOPBACK_NAMES, allowed_names
 from cadence.sandbox.testing import free_port
 
 DEFAULT_PORT = 8484
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def serve(runs: str = "runs", host: str = "127.0.0.1", port: int = DEFAULT_PORT, sandbox: list[str] | None = None,
-          sandbox_token: str | None = None, token: str | None = None, poll_s: float = 1.0) -> None:
+          sandbox_token: str | None = None, token: str | None = None, poll_s: float = 1.0,
+          allow_hosts: list[str] | None = None) -> None:
+    """`allow_hosts`: more names the page may be opened by (a DNS name of this machine, a proxy's)."""
     import uvicorn
 
     from cadence.dashboard.app import create_app
     from cadence.dashboard.sandboxes import SandboxService
 
-    if host not in LOOPBACK and not token:
+    if host not in LOOPBACK_NAMES and not token:
         token = secrets.token_urlsafe(24)
     services = [SandboxService(url, sandbox_token) for url in sandbox or []]
-    app = create_app(Path(runs), services, token=token, poll_s=poll_s)
+    app = create_app(Path(runs), services, token=token, poll_s=poll_s, hosts=allowed_names(host, allow_hosts))
     address = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     print(f"cadence dashboard on {address} (runs under {Path(runs).resolve()})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -69,5 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sandbox-token", default=None)
     p.add_argument("--token", default=None)
     p.add_argument("--poll-s", type=float, default=1.0)
+    p.add_argument("--allow-host", action="append", default=[],
+                   help="another name the page may be opened by (repeatable; '*': any)")
     a = p.parse_args(argv)
-    serve(a.runs, a.host, a.port, a.sandbox, a.sandbox_token, a.token, a.poll_s)
+    serve(a.runs, a.host, a.port, a.sandbox, a.sandbox_token, a.token, a.poll_s, a.allow_host)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+from fastapi.testclient import TestClient
 
 from cadence.dashboard.serve import serving_in_thread as serving  # noqa: F401  (the tests import it from here)
 
@@ -16,3 +17,9 @@ def sse_events(response: httpx.Response):
         elif line.startswith("data: ") and event:
             yield event, line[6:]
             event = None
+
+
+def local_client(app) -> TestClient:
+    """A test client that calls the app as a browser on this machine does (Host: 127.0.0.1:8484;
+    the dashboard refuses other names)."""
+    return TestClient(app, base_url="http://127.0.0.1:8484")

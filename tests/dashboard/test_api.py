@@ -8,11 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from cadence.dashboard.app import create_app, plotly_js
 from tests.dashboard.conftest import write_run
-from tests.dashboard.serving import serving, sse_events
+from tests.dashboard.serving import local_client, serving, sse_events
 
 
 def test_runs_details_metrics_timeline_and_samples(runs_root: Path) -> None:
@@ -23,7 +22,7 @@ def test_runs_details_metrics_timeline_and_samples(runs_root: Path) -> None:
         raise RuntimeError("rollout worker 0 failed:\nKeyError: 'answer'")
     except RuntimeError as err:
         RunStatus(failed).failed(err)
-    client = TestClient(create_app(runs_root))
+    client = local_client(create_app(runs_root))
     runs = {r["name"]: r for r in client.get("/api/runs").json()}
     assert runs["broken"]["state"] == "failed" and runs["broken"]["error"] == "RuntimeError: KeyError: 'answer'"
     details = client.get("/api/runs/broken").json()
@@ -45,7 +44,7 @@ def test_runs_details_metrics_timeline_and_samples(runs_root: Path) -> None:
 
 
 def test_page_and_plotly_come_from_local_files(runs_root: Path) -> None:
-    client = TestClient(create_app(runs_root))
+    client = local_client(create_app(runs_root))
     page = client.get("/").text
     assert 'src="/static/plotly.min.js"' in page and "://" not in page  # nothing from the network
     js = client.get("/static/plotly.min.js")
@@ -55,12 +54,12 @@ def test_page_and_plotly_come_from_local_files(runs_root: Path) -> None:
 
 
 def test_token_is_required_when_given(runs_root: Path) -> None:
-    client = TestClient(create_app(runs_root, token="s3cret"))
+    client = local_client(create_app(runs_root, token="s3cret"))
     assert client.get("/api/runs").status_code == 401
     assert client.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/", params={"token": "s3cret"}).status_code == 200  # sets the cookie
     assert client.get("/api/runs").status_code == 200  # the cookie from the page is enough now
-    assert TestClient(create_app(runs_root, token="s3cret")).get(
+    assert local_client(create_app(runs_root, token="s3cret")).get(
         "/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
@@ -126,7 +125,7 @@ def test_rhythm_of_an_episode_sample(runs_root: Path) -> None:
     log = SampleLog(run, CharTokenizer(), every=1)
     log.log(1, 0, [Group(group_id=0, prompt_id="p", samples=[sample])])
     log.close()
-    client = TestClient(create_app(runs_root))
+    client = local_client(create_app(runs_root))
     got = client.get("/api/runs/rhythm/rhythm/1/0/0").json()
     assert got["credit"] == "coupled" and got["checkpoint"] == "builtin"
     assert len(got["waad"]) == len(got["fai"]) == len(got["gamma"]) == len(response)
