@@ -6,7 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # Upper bounds of every numeric field a client may send: finite (no inf/nan), and small enough
 # that the host's arithmetic on them (deadlines, byte counts, rlimits) cannot overflow.
 MAX_SECONDS = 86_400.0  # a day: timeouts and CPU seconds

@@ -7,6 +7,12 @@ hung (no answer within `probe_timeout_s`) or failing (wrong probe output) sandbo
 a spare by a new spare, a leased one in place, under the same id with the next generation
 (its files and session are lost, which the exec that hit it reports). Leases unused for
 `idle_timeout_s` are reaped. Every state change goes to the event log with its reason.
+
+CPU budget: a call may use `cpu_s` CPU seconds, counted for the whole sandbox (cgroup, else /proc)
+from the call's start until the next call starts, so background processes a call left running
+(`server &`) count against that call. A sandbox still using CPU after its call ended and past
+that budget is replaced by the health thread (reason `cpu: ...`); with a cgroup it can use at
+most `cpus` cores meanwhile. A process that re-forks to dodge its own RLIMIT_CPU so stops.
 """
 
 from __future__ import annotations
@@ -21,23 +27,34 @@ from pydantic import BaseModel, ConfigDict, Field
 from cadence.sandbox import cgroup
 from cadence.sandbox.events import EventLog
 from cadence.sandbox.isolation import Mount
-from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
+from cadence.sandbox.models import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    ExecRequest,
+    ExecResult,
+    Limits,
+    SandboxDied,
+    SandboxError,
+)
 from cadence.sandbox.sandbox import LocalSandbox
 
 STATES = ("starting", "ready", "busy", "unhealthy", "stopping", "dead")
 # Forks a child, writes to the workspace, runs Python: what every call needs.
 PROBE_CODE = "open('.cadence_probe', 'w').write('42'); print(open('.cadence_probe').read())"
+CPU_SLACK_S = 0.5  # the agent's own CPU for a call (fork, reply, sweep) on top of cpu_s
+BACKGROUND_CPU_S = 0.05  # CPU used after a call ended that says something still runs
 
 
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    min_size: int = Field(0, ge=0, description="sandboxes kept alive at least (spares fill the gap)")
-    max_size: int = Field(64, ge=1, description="leased sandboxes at most (warm spares come on top)")
-    warm: int = Field(2, ge=0, description="ready spares kept, so an acquire need not cold-start")
-    health_period_s: float = Field(2.0, gt=0)
-    probe_timeout_s: float = Field(5.0, gt=0)
-    idle_timeout_s: float = Field(600.0, gt=0, description="a lease with no call this long is reaped")
+    min_size: int = Field(0, ge=0, le=MAX_COUNT, description="sandboxes kept alive at least (spares fill the gap)")
+    max_size: int = Field(64, ge=1, le=MAX_COUNT, description="leased sandboxes at most (warm spares come on top)")
+    warm: int = Field(2, ge=0, le=MAX_COUNT, description="ready spares kept, so an acquire need not cold-start")
+    health_period_s: float = Field(2.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    probe_timeout_s: float = Field(5.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    idle_timeout_s: float = Field(600.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False,
+                                  description="a lease with no call this long is reaped")
     limits: Limits = Field(default_factory=Limits)
     python: str | None = Field(
         None, description="interpreter inside the sandboxes (None: the one running cadence), shown "
@@ -64,6 +81,7 @@ class SandboxInfo(BaseModel):
     cpu_s: float | None = Field(None, description="CPU seconds used by this generation (cgroup; None without)")
     memory_mb: float | None = Field(None, description="memory held now, files in its tmpfs included (cgroup)")
     processes: int | None = Field(None, description="processes now, bwrap's included (cgroup)")
+    owner: str | None = Field(None, description="the client that leased it (None: a spare, or the pool's own)")
 
 
 class PoolFull(SandboxError):
@@ -84,13 +102,17 @@ class Slot:
         self.last_reason = ""
         self.in_call = 0  # calls in flight through the pool (health checks leave those alone)
         self.spare = spare  # a warm spare until acquired; spares do not count against max_size
+        self.owner: str | None = None  # the client that leased it (the service's per-client view)
+        # The sandbox's CPU seconds when its last call started and ended (None: no call yet).
+        self.cpu_at_start: float | None = None
+        self.cpu_at_end = 0.0
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(id=self.id, state=self.state, generation=self.generation,
                            created_at=self.created_at, last_used=self.last_used, execs=self.execs,
                            replacements=self.replacements, last_reason=self.last_reason,
                            limits=self.box.limits, isolated=self.box.isolated, pid=self.box.agent_pid,
-                           **self.box.usage())
+                           owner=self.owner, **self.box.usage())
 
 
 class Pool:
@@ -112,25 +134,25 @@ class Pool:
 
     # -- leases ----------------------------------------------------------------------------------
     def acquire(self, limits: Limits | None = None, refill: bool = True,
-                mounts: tuple[Mount, ...] = ()) -> SandboxInfo:
+                mounts: tuple[Mount, ...] = (), owner: str | None = None) -> SandboxInfo:
         """A ready sandbox: a warm spare when the limits are the pool's, else a cold start.
 
         `refill=False` leaves starting the next spare to the caller (`refill()`): the service
         does it after the response is sent, so a client never waits on a start it did not ask
         for (a fork, bwrap and Python start-up compete for the same cores). `mounts` (host code
         a hosted environment needs, read-only) always means a cold start, and replacements of
-        this sandbox get them too."""
-        info = None if mounts else self.acquire_spare(limits)
+        this sandbox get them too. `owner`: the client it is leased to (SandboxInfo.owner)."""
+        info = None if mounts else self.acquire_spare(limits, owner)
         if info is not None:
             if refill:
                 self.refill()
             return info
-        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)", mounts)
+        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)", mounts, owner)
         if refill:
             self.refill()
         return slot.info()
 
-    def acquire_spare(self, limits: Limits | None = None) -> SandboxInfo | None:
+    def acquire_spare(self, limits: Limits | None = None, owner: str | None = None) -> SandboxInfo | None:
         """A warm spare if one is ready for these limits, else None; never waits on a start."""
         if limits is not None and limits != self.cfg.limits:
             return None
@@ -140,7 +162,7 @@ class Pool:
                 return None
             if self._leases() >= self.cfg.max_size:
                 raise PoolFull(self._full_msg())
-            spare.spare = False
+            spare.spare, spare.owner = False, owner
             self._set(spare, "busy", "acquired (warm spare)")
         return spare.info()
 
@@ -192,6 +214,7 @@ class Pool:
         with self._lock:
             slot.in_call += 1
             slot.last_used = time.time()
+        slot.cpu_at_start = self._cpu_s(box)
         try:
             out = call(box)
             slot.execs += 1
@@ -201,6 +224,8 @@ class Pool:
             raise SandboxDied(f"sandbox {sandbox_id} died during the call and was replaced by a fresh "
                               f"one (generation {slot.generation}; its files and session are gone)") from e
         finally:
+            if slot.box is box:
+                slot.cpu_at_end = self._cpu_s(box) or 0.0
             with self._lock:
                 slot.in_call -= 1
                 slot.last_used = time.time()
@@ -224,13 +249,41 @@ class Pool:
             if slot.state == "busy" and now - slot.last_used > self.cfg.idle_timeout_s:
                 self.release(slot.id, f"idle reaped: no call for {now - slot.last_used:.0f} s")
                 continue
-            problem = self._probe(box)
+            cpu_before = self._cpu_s(box)
+            problem = self._over_cpu_budget(slot, cpu_before) or self._probe(box)
+            if cpu_before is not None and slot.cpu_at_start is not None:  # the probe's CPU is not the call's
+                probe_cpu = (self._cpu_s(box) or cpu_before) - cpu_before
+                slot.cpu_at_start += probe_cpu
+                slot.cpu_at_end += probe_cpu
             if problem and slot.in_call == 0 and slot.generation == generation:
                 with self._lock:
                     if slot.state in ("ready", "busy"):
                         slot.state = "unhealthy"  # an acquire no longer takes it
                 self._set(slot, "unhealthy", problem)
                 self._replace(slot, generation, problem)
+
+    @staticmethod
+    def _cpu_s(box: LocalSandbox) -> float | None:
+        """The sandbox's CPU seconds so far: its cgroup's, else its process tree's (/proc)."""
+        cg = box.cgroup
+        if cg is not None:
+            used = cg.cpu_s()
+            if used is not None:
+                return used
+        proc = box.proc
+        return cgroup.tree_cpu_s(proc.pid) if proc is not None else None
+
+    def _over_cpu_budget(self, slot: Slot, now_s: float | None) -> str | None:
+        """Why the sandbox must go when its last call's processes still run past that call's
+        CPU budget (cpu_s, the whole sandbox from the call's start); else None."""
+        if now_s is None or slot.cpu_at_start is None:
+            return None
+        used, since_end = now_s - slot.cpu_at_start, now_s - slot.cpu_at_end
+        budget = slot.box.limits.cpu_s + CPU_SLACK_S
+        if used > budget and since_end > BACKGROUND_CPU_S:
+            return (f"cpu: background processes used {since_end:.1f} CPU-s after the call ended, "
+                    f"{used:.1f} CPU-s since it began (cpu_s={slot.box.limits.cpu_s:g})")
+        return None
 
     def _probe(self, box: LocalSandbox) -> str | None:
         """None if healthy, else why not (hung: no answer in time; failing: wrong answer)."""
@@ -284,7 +337,7 @@ class Pool:
             self._set(slot, "dead", "replacement failed to start")
             return
         with self._lock:
-            slot.box = box
+            slot.box, slot.cpu_at_start, slot.cpu_at_end = box, None, 0.0
         self._set(slot, "busy", f"replaced (cause: {reason})")
 
     def _fill(self) -> None:
@@ -316,11 +369,13 @@ class Pool:
         return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id,
                             python_packages=self.cfg.python_packages, mounts=mounts)
 
-    def _new_slot(self, limits: Limits, state: str, reason: str, mounts: tuple[Mount, ...] = ()) -> Slot:
+    def _new_slot(self, limits: Limits, state: str, reason: str, mounts: tuple[Mount, ...] = (),
+                  owner: str | None = None) -> Slot:
         with self._lock:
             if self._leases() >= self.cfg.max_size:
                 raise PoolFull(self._full_msg())
             slot = Slot(self._box(limits, mounts), "starting", spare=False)
+            slot.owner = owner
             self._slots[slot.id] = slot
         self.events.record(slot.id, 0, "starting", reason)
         try:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cadence.sandbox import ExecRequest, Limits, SandboxDied
+from cadence.sandbox import ExecRequest, Limits, LocalSandbox, SandboxDied, cgroup
 from cadence.sandbox.events import EventLog
 from cadence.sandbox.pool import Pool, PoolConfig, PoolFull, UnknownSandbox
 from tests.sandbox.conftest import needs_bwrap
@@ -153,3 +153,96 @@ def test_health_thread_runs_by_itself(tmp_path):
         os.kill(p._slots[spare].box.agent_host_pid(), signal.SIGKILL)
         wait_for(lambda: any(s.state == "ready" and s.id != spare for s in p.list()), "the replacement")
         assert any("process exited" in r for _, r in reasons(p, spare))
+
+
+# Re-forks every 0.3 CPU-s, so no process of it ever reaches its own RLIMIT_CPU; detached
+# (setsid) in the background, so the call that started it returns at once.
+SPINNER = r"""
+import os, time
+def spin():
+    start = time.process_time()
+    while time.process_time() - start < 0.3:
+        pass
+    if os.fork() == 0:
+        spin()
+    os._exit(0)
+if os.fork() == 0:
+    os.setsid()
+    spin()
+"""
+
+
+@pytest.mark.parametrize("with_cgroup", [True, False], ids=["cgroup", "proc-fallback"])
+def test_background_processes_past_the_cpu_budget_are_stopped(tmp_path, monkeypatch, with_cgroup):
+    """Issue 26 finding 3: a re-forking background spinner kept using CPU after its call returned.
+    The pool counts the whole sandbox's CPU from the call's start and replaces it past cpu_s."""
+    if not with_cgroup:
+        monkeypatch.setattr(cgroup, "available", lambda: False)  # the /proc accounting fallback
+    elif not cgroup.available():
+        pytest.skip("this host gives this process no writable cgroups")
+    limits = Limits(processes=16, cpu_s=1, wall_s=3)
+    with Pool(PoolConfig(warm=0, health_period_s=3600, limits=limits, events_path=str(tmp_path / "e.db"))) as pool:
+        sid = pool.acquire().id
+        box = pool._get(sid).box
+        assert (box.cgroup is not None) == with_cgroup
+        r = pool.exec(sid, ExecRequest(code=SPINNER))
+        assert r.ok and r.limit is None  # the call itself ended at once, well within its limits
+        pid = box.proc.pid
+        spent = 0.0
+        while pool.get(sid).generation == 0 and spent < 6.0:  # 6 CPU-s: far past cpu_s=1
+            pool.check()
+            spent = cgroup.tree_cpu_s(pid) or spent
+            time.sleep(0.05)
+        info = pool.get(sid)
+        assert info.generation == 1, f"the spinner used {spent:.1f} CPU-s and its sandbox was left running"
+        assert info.last_reason.startswith("replaced (cause: cpu: background processes used")
+        assert not box.alive and cgroup.tree_cpu_s(pid) is None  # every process of it is gone
+        assert pool.exec(sid, ExecRequest(cmd="echo fresh")).stdout == "fresh\n"
+
+
+def test_a_finished_call_over_its_cpu_budget_is_not_replaced_when_nothing_runs(tmp_path):
+    """Only CPU still being used after the call counts as background work: a call whose processes
+    all ended leaves its sandbox alone, even when together they passed cpu_s."""
+    code = ("import os, time\nfor _ in range(2):\n    if os.fork() == 0:\n        t = time.process_time()\n"
+            "        while time.process_time() - t < 0.8: pass\n        os._exit(0)\n"
+            "for _ in range(2): os.wait()")
+    limits = Limits(processes=16, cpu_s=1, wall_s=10, cpus=2)
+    with Pool(PoolConfig(warm=0, health_period_s=3600, limits=limits, events_path=str(tmp_path / "e.db"))) as pool:
+        sid = pool.acquire().id
+        assert pool.exec(sid, ExecRequest(code=code)).ok
+        for _ in range(3):
+            pool.check()
+        assert pool.get(sid).generation == 0
+
+
+def test_a_sandbox_gets_its_cpu_quota():
+    if not cgroup.cpu_quota_available():
+        pytest.skip("no writable cpu cgroup controller here (the budget check above still applies)")
+    with LocalSandbox(Limits(cpus=0.5)) as sb:
+        assert sb.cgroup.cpu_quota() == 0.5
+
+
+def test_cgroup_v2_layout_writes_cpu_max_and_memory_max(tmp_path, monkeypatch):
+    """cgroup v2 (a delegated subtree): one folder per sandbox with memory.max and cpu.max."""
+    root = tmp_path / "unified"
+    own = root / "svc"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    monkeypatch.setattr(cgroup, "_mounts", lambda: [("cgroup2", str(root), "rw")])
+    monkeypatch.setattr(cgroup, "_own_paths", lambda: {"": "/svc"})
+    cgroup._layout.cache_clear()
+    try:
+        assert cgroup.available() and cgroup.cpu_quota_available()
+        cg = cgroup.SandboxCgroup.create("x", 256 << 20, cpus=1.5)
+        folder = own / (cgroup.PREFIX + "x")
+        assert (folder / "memory.max").read_text() == str(256 << 20)
+        assert (folder / "cpu.max").read_text() == "150000 100000"
+        assert cg.cpu_quota() == 1.5
+        (folder / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+        (folder / "memory.events").write_text("low 0\noom_kill 3\n")
+        assert cg.cpu_s() == 2.5 and cg.oom_kills() == 3
+        (own / "cgroup.subtree_control").write_text("pids\n")  # memory not delegated: unusable
+        cgroup._layout.cache_clear()
+        assert not cgroup.available()
+    finally:
+        cgroup._layout.cache_clear()
