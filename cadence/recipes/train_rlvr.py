@@ -20,12 +20,14 @@ from tqdm import tqdm
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
 from cadence.models.loading import load_policy, load_tokenizer
+from cadence.observe.flat_rewards import FlatRewardWatch
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.report import plot_curves, print_summary
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
@@ -91,7 +93,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
     status.start()
     dashboard = start_beside(cfg, run_dir) if cfg.logging.dashboard else None
     try:
-        workers = WorkerGroup(cfg)  # engines, rewards and prompts: in-process or Ray actors
+        workers = WorkerGroup(cfg, ConfiguredRolloutWorker)  # engines, rewards and prompts: in-process or Ray actors
         summary = _train(cfg, run_dir, workers, resume, progress)
         status.finish()
         return summary
@@ -167,6 +169,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         disable=not cfg.logging.progress,
         dynamic_ncols=True,
     )
+    flat_rewards = FlatRewardWatch()  # warns if the first steps' groups all have equal rewards
     for step in bar:
         t0 = time.perf_counter()
         trace.waiting(step)
@@ -181,6 +184,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         trace.stepped(step)
         step_seconds = time.perf_counter() - t0
 
+        flat_rewards.update(groups)
         samples = [s for g in groups for s in g.samples]
         rewards = torch.tensor([s.reward for s in samples])
         lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
