@@ -39,12 +39,15 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.models import SandboxError
-from cadence.sandbox.testing import free_port, running_service
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.sandbox.service
+from tests.sandbox.service import free_port, running_service  # noqa: E402
 
 TOKEN = "sandbox-faults-benchmark-token-0123456789"
 SERVICE_ARGS = ("--warm", "4", "--health-period-s", "0.5")

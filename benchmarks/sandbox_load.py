@@ -29,7 +29,9 @@ import httpx
 from cadence.observe.report import write_doc_table
 from cadence.sandbox import Limits, LocalSandbox
 from cadence.sandbox.pool import Pool, PoolConfig
-from cadence.sandbox.testing import running_service
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.sandbox.service
+from tests.sandbox.service import running_service  # noqa: E402
 
 SNIPPET = "print(sum(i * i for i in range(1000)))"
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from cadence.config import RunConfig
-from cadence.sandbox.testing import free_port
+from cadence.ports import free_port
 
 
 class BesideDashboard:

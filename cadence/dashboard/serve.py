@@ -16,7 +16,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from cadence.dashboard.hosts import LOOPBACK_NAMES, allowed_names
-from cadence.sandbox.testing import free_port
+from cadence.ports import free_port
 
 DEFAULT_PORT = 8484
 

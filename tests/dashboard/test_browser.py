@@ -18,9 +18,9 @@ from cadence.dashboard.app import create_app
 from cadence.dashboard.sandboxes import SandboxService
 from cadence.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
 from cadence.sandbox.client import Sandbox
-from cadence.sandbox.testing import running_service
 from tests.dashboard.serving import serving
 from tests.quick_run import QUICK_RUN
+from tests.sandbox.service import running_service
 from tests.test_agentic_train import QUICK_AGENT
 
 pytestmark = pytest.mark.slow

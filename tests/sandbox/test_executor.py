@@ -10,8 +10,8 @@ import pytest
 from cadence.envs.code_env import CodeEnv
 from cadence.envs.sandbox_executor import SandboxExecutor
 from cadence.sandbox.client import Sandbox
-from cadence.sandbox.testing import running_service
 from tests.sandbox.conftest import needs_bwrap
+from tests.sandbox.service import running_service
 
 pytestmark = needs_bwrap
 

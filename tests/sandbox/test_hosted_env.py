@@ -10,8 +10,8 @@ import pytest
 from cadence.envs.contract import TextEnv
 from cadence.sandbox import SandboxDied, SandboxError
 from cadence.sandbox.hosted_env import HostedEnv
-from cadence.sandbox.testing import running_service
 from tests.sandbox.conftest import needs_bwrap
+from tests.sandbox.service import running_service
 
 pytestmark = needs_bwrap
 

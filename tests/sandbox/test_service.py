@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from cadence.sandbox import Limits, SandboxError, cgroup
 from cadence.sandbox.cli import app
 from cadence.sandbox.client import AsyncSandbox, Sandbox
-from cadence.sandbox.testing import free_port, running_service
 from tests.sandbox.conftest import needs_bwrap
+from tests.sandbox.service import free_port, running_service
 
 pytestmark = needs_bwrap
 

@@ -12,8 +12,8 @@ from cadence.rewards.config import RewardConfig
 from cadence.rewards.guard import RewardGuard
 from cadence.rewards.unit_tests import UnitTestReward, UnitTestsConfig, extract_code
 from cadence.rewards.verifiers import build_reward
-from cadence.sandbox.testing import running_service
 from tests.sandbox.conftest import needs_bwrap
+from tests.sandbox.service import running_service
 
 pytestmark = needs_bwrap
 

@@ -1,22 +1,20 @@
-"""Start a real sandbox service (uvicorn on 127.0.0.1, a free port) in a subprocess, for tests,
-benchmarks and scripts; it is always stopped."""
+"""Start a real sandbox service (uvicorn on 127.0.0.1, a free port) in a subprocess, for tests and
+benchmarks (which import it as tests.sandbox.service from the repository root); it is always
+stopped. Not part of the installed package."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from cadence.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "running_service"]
 
 
 @contextlib.contextmanager
