@@ -23,6 +23,7 @@ from pathlib import Path
 from cadence.config import load_config
 from cadence.models.loading import load_policy
 from cadence.observe.report import write_doc_table
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.runtime.placement import WorkerGroup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def measure(workers: int, seconds: float) -> dict:
             "eval.before=false",
         ],
     )
-    group = WorkerGroup(cfg)
+    group = WorkerGroup(cfg, ConfiguredRolloutWorker)
     weights = load_policy(cfg.model.path).state_dict()
     group.start()
     version, samples = 0, 0

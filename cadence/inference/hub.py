@@ -25,10 +25,12 @@ step, and its caller resumes the moment its last token is out.
   event loop could use anyway. `parallel=True` steps them in worker threads
   at once, for engines that wait rather than compute (vLLM on a GPU, the mock
   engine's simulated latency).
-- Weights: `update_weights` may be called from any thread; the swap happens
-  between two rounds on every replica. Requests in flight keep their tokens
-  and start version (interruptible generation) and every result records the
-  version that started it and the one that finished it.
+- Weights: the one slot new weights wait in. `update_weights` may be called
+  from any thread; the swap happens between two rounds on every replica.
+  Requests in flight keep their tokens and start version (interruptible
+  generation) and every result records the version that started it and the
+  one that finished it. With `interrupt=False` the swap waits until nothing
+  is in flight (`swap_next_round()` makes the next round swap regardless).
 - Abort: `abort(request_id)` ends a request at the next round; its caller
   gets the partial result with finish_reason "abort".
 """
@@ -64,11 +66,13 @@ class _Replica:
 class InferenceHub:
     """Async `generate` over engine replicas (see module docstring)."""
 
-    def __init__(self, engines: Sequence[InferenceEngine], parallel: bool = False) -> None:
+    def __init__(self, engines: Sequence[InferenceEngine], parallel: bool = False, interrupt: bool = True) -> None:
         if not engines:
             raise ValueError("an InferenceHub needs at least one engine replica")
         self.replicas = [_Replica(e) for e in engines]
         self.parallel = parallel
+        self.interrupt = interrupt
+        self._force_swap = False
         self._futures: dict[str, asyncio.Future[GenResult]] = {}
         self._where: dict[str, _Replica] = {}
         self._affinity: dict[str, int] = {}
@@ -134,6 +138,14 @@ class InferenceHub:
         if work is not None and loop is not None:
             loop.call_soon_threadsafe(work.set)
 
+    def weights_pending(self) -> bool:
+        """New weights are waiting to be swapped in."""
+        return self._new_weights is not None
+
+    def swap_next_round(self) -> None:
+        """The next round swaps queued weights in even with requests in flight."""
+        self._force_swap = True
+
     def has_work(self) -> bool:
         """Requests queued or in flight, or weights waiting to be swapped in."""
         return bool(self._futures) or self._new_weights is not None
@@ -160,6 +172,9 @@ class InferenceHub:
     # -- driving ------------------------------------------------------------
     def apply_weights(self) -> None:
         """Swap queued weights in now. Only between rounds: never while a pump is running."""
+        if not (self.interrupt or self._force_swap) and self._futures:
+            return  # what is in flight finishes on the weights that started it
+        self._force_swap = False
         with self._weights_lock:
             new, self._new_weights = self._new_weights, None
         if new is not None:

@@ -15,9 +15,13 @@ counted and replaced by a new episode on the same seed, up to `max_retries`
 per group; a group that runs out of retries is dropped and counted, and its
 prompt slot goes to a new group, so training never waits on a dead one.
 
-Admission under the async ratio is the caller's (the rollout worker's), the
-same rule as for RLVR prompts: groups are held back, finished episodes are
-never thrown away for being stale.
+It is the rollout worker's multi-turn `GroupProducer` (cadence.rollout.producer):
+the worker picks the seed (`next_key`) and awaits `play(seed, group_id)`.
+Admission under the async ratio is the worker's, the same rule as for RLVR
+prompts: groups are held back, finished episodes are never thrown away for
+being stale. Held-out evaluation plays `eval_episodes` episodes on seeds that
+training never uses (training seeds count up from `first_seed`, held-out ones
+from 10**9).
 """
 
 from __future__ import annotations
@@ -32,9 +36,13 @@ from transformers import PreTrainedTokenizerBase
 from cadence.envs.runner import EnvRunner
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.episode import Episode, PlainTurns, TurnFormat, run_episode
+from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.producer import TrainedKeys
+from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group
+
+HELD_OUT_SEED = 10**9
 
 
 @dataclass
@@ -42,13 +50,16 @@ class _OpenGroup:
     group: Group
     seed: int
     version: int  # the policy version the group started under
+    done: asyncio.Future  # the group, or None when it will never train
     tasks: set[asyncio.Task] = field(default_factory=set)
     started: int = 0
     retries: int = 0
 
 
 class EnvRollout:
-    """Episodes in flight for open groups; finished groups go to the buffer."""
+    """Episodes in flight for open groups (see the module docstring)."""
+
+    needs_running_loop = True  # episodes wait on environments: the loop turns while the trainer trains
 
     def __init__(
         self,
@@ -56,42 +67,83 @@ class EnvRollout:
         make_runner: Callable[[], EnvRunner],
         tokenizer: PreTrainedTokenizerBase,
         params: SamplingParams,
-        buffer: SampleBuffer,
         group_size: int,
         redundancy: int = 0,
         max_retries: int | None = None,
         max_context_tokens: int = 2048,
         turns: TurnFormat = PlainTurns(),
         first_seed: int = 0,
+        eval_params: SamplingParams | None = None,
+        eval_episodes: int = 0,
     ) -> None:
         self.hub = hub
         self.make_runner = make_runner
         self.tokenizer = tokenizer
         self.params = params
-        self.buffer = buffer
+        self.eval_params = eval_params or params
+        self.eval_episodes = eval_episodes
         self.group_size = group_size
         self.redundancy = redundancy
         self.max_retries = 2 * group_size if max_retries is None else max_retries
         self.max_context_tokens = max_context_tokens
         self.turns = turns
         self.next_seed = first_seed
-        self.next_group_id = 0
-        self.version = 0  # the policy version new groups start under (the worker sets it on a swap)
+        self.version = 0  # the policy version new groups start under (set on each weight swap)
         self.open: dict[int, _OpenGroup] = {}
         self.counts: Counter[str] = Counter()  # episodes, lost/<kind>, cancelled, groups, ...
         self.turn_total = 0
-        self.groups_done = asyncio.Event()  # set whenever a group reaches the buffer or is dropped
 
-    def admit(self, num_groups: int) -> None:
-        """Open `num_groups` new groups and start their episodes (call inside the event loop)."""
-        for _ in range(num_groups):
-            gid = self.next_group_id
-            self.next_group_id += 1
-            opened = _OpenGroup(Group(group_id=gid, prompt_id=f"seed{self.next_seed}"), self.next_seed, self.version)
-            self.next_seed += 1
-            self.open[gid] = opened
-            for _ in range(self.group_size + self.redundancy):
-                self._start(opened)
+    # -- the producer protocol -------------------------------------------------
+    def next_key(self) -> int:
+        seed = self.next_seed
+        self.next_seed += 1
+        return seed
+
+    async def play(self, key: int, group_id: int) -> Group | None:
+        """Play one group of episodes on seed `key` (call inside the event loop)."""
+        return await self._open(key, group_id)
+
+    def on_weights(self, version: int, cancel_before: int | None) -> None:
+        self.version = version
+        if cancel_before is not None:
+            self.cancel_stale(cancel_before)
+
+    async def evaluate(self, samples: int) -> EvalResult:
+        """Held-out success: `eval_episodes` episodes (x `samples`) on seeds never trained on."""
+        seeds = [HELD_OUT_SEED + i for i in range(self.eval_episodes)]
+        returns = await asyncio.gather(*(
+            self._held_out_episode(seed, f"eval/{i}/{j}") for i, seed in enumerate(seeds) for j in range(samples)
+        ))
+        correct = [sum(r >= 1.0 for r in returns[i * samples : (i + 1) * samples]) for i in range(len(seeds))]
+        return eval_result(correct, samples, list(returns))
+
+    def metrics(self) -> dict[str, float]:
+        counts = self.counts
+        out = {
+            "rollout/episodes_total": float(counts["episodes"]),
+            "rollout/episodes_in_flight": float(self.in_flight()),
+            "rollout/episodes_cancelled_total": float(counts["cancelled"]),
+            "rollout/episodes_retried_total": float(counts["retried"]),
+            "rollout/groups_dropped_total": float(counts["groups_dropped"]),
+            "rollout/groups_stale_cancelled_total": float(counts["groups_stale"]),
+            "rollout/turns_per_episode": self.turn_total / max(counts["episodes"], 1),
+        }
+        for kind in ("raised", "timeout", "died"):
+            out[f"rollout/episodes_lost_{kind}_total"] = float(counts[f"lost/{kind}"])
+        return out
+
+    def reward_report(self) -> dict:
+        """Rewards come from the environment: no reward function to fail (see env metrics)."""
+        return {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
+
+    def state_dict(self, trained: TrainedKeys) -> dict:
+        """Where to resume: after the last seed started. Episodes in flight are not replayed
+        (nothing of them was trained on, so nothing counted is lost)."""
+        return {"next_seed": self.next_seed}
+
+    def load_state_dict(self, state: dict) -> TrainedKeys:
+        self.next_seed = state["next_seed"]
+        return TrainedKeys(self.next_seed)
 
     def in_flight(self) -> int:
         return sum(len(g.tasks) for g in self.open.values())
@@ -104,7 +156,10 @@ class EnvRollout:
             self._close(opened, keep=False, why="groups_stale")
         return len(stale)
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        pass  # environments are made and closed per episode
+
+    async def cancel(self) -> None:
         """Cancel every episode still running (their requests are aborted)."""
         # Out of `open` first: an episode that ends while the others are being cancelled is late,
         # not the last of a short group to be counted as dropped.
@@ -113,9 +168,20 @@ class EnvRollout:
         tasks = [t for g in groups for t in g.tasks]
         for task in tasks:
             task.cancel()
+        for opened in groups:
+            if not opened.done.done():
+                opened.done.set_result(None)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- internals ------------------------------------------------------------
+    def _open(self, seed: int, group_id: int) -> asyncio.Future:
+        done = asyncio.get_running_loop().create_future()
+        opened = _OpenGroup(Group(group_id=group_id, prompt_id=f"seed{seed}"), seed, self.version, done)
+        self.open[group_id] = opened
+        for _ in range(self.group_size + self.redundancy):
+            self._start(opened)
+        return done
+
     def _start(self, opened: _OpenGroup) -> None:
         episode_id = f"g{opened.group.group_id}/e{opened.started}"
         opened.started += 1
@@ -139,6 +205,17 @@ class EnvRollout:
         finally:
             await runner.close()
         self._finished(opened, episode)
+
+    async def _held_out_episode(self, seed: int, episode_id: str) -> float:
+        runner = self.make_runner()
+        try:
+            episode = await run_episode(
+                self.hub, runner, self.tokenizer, self.eval_params, seed, episode_id, turns=self.turns,
+                max_context_tokens=self.max_context_tokens,
+            )
+        finally:
+            await runner.close()
+        return sum(episode.rewards) if episode.ok else 0.0
 
     def _finished(self, opened: _OpenGroup, episode: Episode) -> None:
         group = opened.group
@@ -170,9 +247,6 @@ class EnvRollout:
         for task in list(opened.tasks):
             if task is not asyncio.current_task():
                 task.cancel()  # stragglers: run_episode aborts their requests
-        if keep:
-            self.buffer.put(opened.group)
-            self.counts["groups"] += 1
-        else:
-            self.counts[why] += 1
-        self.groups_done.set()
+        self.counts["groups" if keep else why] += 1
+        if not opened.done.done():
+            opened.done.set_result(opened.group if keep else None)

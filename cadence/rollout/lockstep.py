@@ -21,7 +21,7 @@ the two modes produce the same episodes and differ only in when a turn may
 start. An episode that ends (done, lost, out of context, cancelled) leaves
 the barrier, so nobody waits for it any more.
 
-Selected with `rollout.env_mode=lockstep` (`EpisodeWorker`).
+Selected with `rollout.env_mode=lockstep`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 from cadence.envs.runner import EnvFailure, EnvRunner, ResetResult, StepResult
 from cadence.rollout.env_rollout import EnvRollout, _OpenGroup
+from cadence.rollout.sample import Group
 
 
 class TurnBarrier:
@@ -101,34 +102,41 @@ class LockstepRollout(EnvRollout):
     def __init__(self, *args: Any, batch_groups: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch_groups = batch_groups
-        self.pending = 0  # admitted groups waiting for a batch
+        self.waiting: list[tuple[int, int, asyncio.Future]] = []  # (seed, group id, result) for a batch
         self.batches = 0
         self._barrier: TurnBarrier | None = None
         self._batch: set[int] = set()
         self._batch_done = asyncio.Event()
         self._driver: asyncio.Task | None = None
 
-    def admit(self, num_groups: int) -> None:
-        """Queue `num_groups` groups; they start in the next lock-step batches."""
-        self.pending += num_groups
+    async def play(self, key: int, group_id: int) -> Group | None:
+        """Queue a group; it starts with the next lock-step batch."""
+        result = asyncio.get_running_loop().create_future()
+        self.waiting.append((key, group_id, result))
         if self._driver is None or self._driver.done():
             self._driver = asyncio.ensure_future(self._drive())
+        return await result
 
-    async def close(self) -> None:
+    async def cancel(self) -> None:
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
-        await super().close()
+        for _, _, result in self.waiting:
+            if not result.done():
+                result.set_result(None)
+        self.waiting.clear()
+        await super().cancel()
 
     async def _drive(self) -> None:
-        while self.pending:
-            size = min(self.batch_groups, self.pending)
-            self.pending -= size
+        await asyncio.sleep(0)  # the groups admitted together queue up before the batch forms
+        while self.waiting:
+            batch, self.waiting = self.waiting[: self.batch_groups], self.waiting[self.batch_groups :]
             self._barrier = TurnBarrier()
-            first = self.next_group_id
-            self._batch = set(range(first, first + size))
+            self._batch = {gid for _, gid, _ in batch}
             self._batch_done.clear()
-            super().admit(size)
+            for seed, gid, result in batch:
+                opened = self._open(seed, gid)
+                opened.add_done_callback(lambda f, r=result: r.done() or r.set_result(f.result()))
             await self._batch_done.wait()
 
     def _start(self, opened: _OpenGroup) -> None:

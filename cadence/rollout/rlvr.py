@@ -1,42 +1,102 @@
-"""RLVR rollout: prompts in, scored response groups out (queue scheduling).
+"""RLVR as a one-turn group producer: a prompt in, its scored answers out (queue scheduling).
 
-Every response is its own request to the inference hub (the one generation
-path agent episodes use too) and each is scored the moment it finishes; the
-engine's continuous batch takes new requests as soon as slots free up. A
-group goes to the buffer when its last response is in.
-
-The rollout is driven synchronously, one hub round per `poll()`, from the
-rollout worker's thread: requests are submitted to the hub and their results
-collected as their futures resolve, on an event loop the rollout owns.
+Every answer is its own `await hub.generate(...)` (the one generation path agent
+episodes use too) and is scored the moment it finishes, on the reward guard's
+workers, without blocking the loop; the engine's continuous batch takes new
+requests as soon as slots free up. A group is done when its last answer is
+scored.
 
 Prompt replication (`replicate=True`, the default): a prompt that needs n
 answers becomes n one-answer requests, each taking any free engine slot (and,
 with several rollout workers, `answers` of them are this worker's share).
 `replicate=False` keeps a prompt one unit, as n>1 sampling does: its n
-requests enter the engine together, only once n slots are free.
+requests enter the engine together, only once n slots are free (first come,
+first served).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
 from cadence.data.tasks import Prompt
 from cadence.inference.hub import InferenceHub
-from cadence.inference.types import GenRequest, GenResult, InferenceEngine, SamplingParams
-from cadence.rewards.guard import RewardGuard
-from cadence.rollout.buffer import SampleBuffer
+from cadence.inference.types import GenRequest, GenResult, SamplingParams
+from cadence.rollout.evaluate import EvalResult, pass_at_k
+from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.sample import Group, Sample
 
 
+class Outcome(Protocol):
+    reward: float
+    error: str | None
+
+
+class Scorer(Protocol):
+    """Scores one response; answers finishing together may be scored as one batch."""
+
+    async def score(self, prompt: Prompt, response: str) -> Outcome: ...
+
+
+class GuardScorer:
+    """A `RewardGuard` seen from the loop: the answers that finish in one loop round go to the
+    guard's workers as one batch, and their outcomes come back in that order, so samples
+    join their groups in the order the engine finished them whatever the workers' timing."""
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+        self._batch: list[tuple[Prompt, str, asyncio.Future]] = []
+
+    async def score(self, prompt: Prompt, response: str) -> Outcome:
+        loop = asyncio.get_running_loop()
+        if not self._batch:
+            loop.call_soon(self._send)
+        future = loop.create_future()
+        self._batch.append((prompt, response, future))
+        return await future
+
+    def _send(self) -> None:
+        batch, self._batch = self._batch, []
+        pending = self.guard.submit_many([(p, r) for p, r, _ in batch])
+        asyncio.ensure_future(self._deliver([f for _, _, f in batch], pending))
+
+    @staticmethod
+    async def _deliver(futures: list[asyncio.Future], pending: list) -> None:
+        outcomes = await asyncio.gather(*(asyncio.wrap_future(p) for p in pending))
+        for future, outcome in zip(futures, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
+
+    def report(self) -> dict:
+        stats = self.guard.stats()
+        return {k: stats[k] for k in ("calls", "errors", "timeouts", "first_failures")}
+
+    def close(self) -> None:
+        self.guard.close()
+
+
+def keeps(group: Group, min_std: float | None, mean_low: float | None, mean_high: float | None) -> bool:
+    """Dynamic filtering: a group whose rewards barely differ (std at most `min_std`), or whose
+    mean is at a bound (all wrong / all right), teaches a group-relative estimator nothing
+    (all advantages ~0), so it is dropped and a new prompt takes its place."""
+    rewards = group.rewards
+    mean = sum(rewards) / len(rewards)
+    if (mean_low is not None and mean <= mean_low) or (mean_high is not None and mean >= mean_high):
+        return False
+    if min_std is None:
+        return True
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    return std > min_std
+
+
 @dataclass
 class RolloutStats:
-    seconds: float = 0.0
     samples: int = 0
     response_tokens: int = 0
     reward_errors: int = 0
@@ -44,105 +104,155 @@ class RolloutStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
-class RLVRRollout:
+class EngineSlots:
+    """Whole-group admission (`replicate=False`): a group's requests enter together once that
+    many slots are free, in arrival order; a group larger than the engine goes when it is empty."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.used = 0
+        self._waiting: deque[tuple[int, asyncio.Future]] = deque()
+
+    async def take(self, n: int) -> None:
+        if not self._waiting and self._fits(n):
+            self.used += n
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((n, future))
+        await future
+
+    def give_back(self, n: int) -> None:
+        self.used -= n
+        while self._waiting and self._fits(self._waiting[0][0]):
+            n, future = self._waiting.popleft()
+            if not future.cancelled():  # a group cancelled while it waited takes nothing
+                self.used += n
+                future.set_result(None)
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.slots
+
+
+class RLVRProducer:
+    """Groups of answers to the task's prompts (see the module docstring)."""
+
+    needs_running_loop = False
+
     def __init__(
         self,
-        generator: InferenceHub | InferenceEngine,
+        hub: InferenceHub,
         tokenizer: PreTrainedTokenizerBase,
-        prompts: PromptStream,
-        reward: RewardGuard,
+        stream: PromptStream,
+        scorer: Scorer,
         params: SamplingParams,
-        group_size: int,
-        first_group_id: int = 0,
-        group_id_step: int = 1,
-        length_sampler: Callable[[], int] | None = None,
-        filter_min_std: float | None = None,
-        filter_mean: tuple[float | None, float | None] = (None, None),
-        answers: int | None = None,
+        answers: int,
+        *,
         replicate: bool = True,
         slots: int | None = None,
+        length_sampler: Callable[[], int] | None = None,
+        keep: Callable[[Group], bool] = lambda group: True,
+        eval_prompts: Callable[[], list[Prompt]] = list,
+        eval_params: SamplingParams | None = None,
     ) -> None:
-        # A bare engine is served through a hub of one replica: one generation path either way.
-        self.hub = generator if isinstance(generator, InferenceHub) else InferenceHub([generator])
+        self.hub = hub
         self.tokenizer = tokenizer
-        self.prompts = prompts
-        self.reward = reward
+        self.stream = stream
+        self.scorer = scorer
         self.params = params
-        self.group_size = group_size
-        # Several workers fill one batch: ids advance by the worker count, so they never collide.
-        self._next_group_id = first_group_id
-        self.group_id_step = group_id_step
+        self.answers = answers  # answers per prompt from this worker (its share when replicated)
+        self.slots = EngineSlots(slots) if not replicate and slots is not None else None
         self.length_sampler = length_sampler
-        self.filter_min_std = filter_min_std
-        self.filter_mean = filter_mean
-        self.answers = group_size if answers is None else answers  # answers per prompt from this engine
-        self.replicate = replicate
-        self.slots = slots  # engine slots; needed when groups are admitted whole
-        self._unsubmitted: list[tuple[Group, list[int]]] = []  # whole groups waiting for free slots
-        self._in_engine = 0  # requests submitted and not finished yet
+        self.keep = keep
+        self.eval_prompts = eval_prompts
+        self.eval_params = eval_params or params
+        self.stats = RolloutStats()
         self._encoded: dict[str, list[int]] = {}
-        self.pending: dict[int, tuple[Prompt, Group]] = {}  # groups with responses still out
-        self.positions: dict[int, int] = {}  # group id -> its prompt's stream position (resume)
-        self._loop = asyncio.new_event_loop()  # the hub's futures live here; driven by poll()
-        self._finished: list[GenResult] = []  # results in the order the hub resolved them
+        self._drawn: dict[int, Prompt] = {}  # key (stream position) -> prompt, until played
 
-    @property
-    def engine(self) -> InferenceEngine:
-        """The first replica's engine (the only one when a bare engine was given)."""
-        return self.hub.replicas[0].engine
+    def next_key(self) -> int:
+        position = self.stream.peek_position()
+        self._drawn[position] = self.stream.next()
+        return position
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        ids = self._encoded.get(prompt.id)
-        if ids is None:
-            ids = self.tokenizer(prompt.text).input_ids
-            self._encoded[prompt.id] = ids
-        return ids
+    async def play(self, key: int, group_id: int) -> Group | None:
+        prompt = self._drawn.pop(key)
+        ids = self._encode(prompt.text)
+        group = Group(group_id=group_id, prompt_id=prompt.id)
+        if self.slots is not None:
+            await self.slots.take(self.answers)
 
-    def admit(self, num_groups: int) -> None:
-        """Queue `num_groups` new prompts, `answers` one-answer requests each."""
-        for _ in range(num_groups):
-            self.positions[self._next_group_id] = self.prompts.peek_position()
-            prompt = self.prompts.next()
-            group = Group(group_id=self._next_group_id, prompt_id=prompt.id)
-            self.pending[group.group_id] = (prompt, group)
-            self._next_group_id += self.group_id_step
-            self._unsubmitted.append((group, self.encode(prompt)))
-        self._loop.run_until_complete(self._submit())
+        async def answer(j: int) -> None:
+            request_id = f"{group_id}/{j}"
+            try:
+                result = await self.hub.generate(GenRequest(request_id, ids, self._params()))
+            except asyncio.CancelledError:
+                self.hub.abort(request_id)  # free its engine slot
+                raise
+            finally:
+                if self.slots is not None:
+                    self.slots.give_back(1)
+            outcome = await self.scorer.score(prompt, result.text)
+            group.samples.append(self._sample(group, result, outcome))
 
-    async def _submit(self) -> None:
-        while self._unsubmitted:
-            group, ids = self._unsubmitted[0]
-            if not self.replicate and self.slots is not None and self._in_engine + self.answers > self.slots:
-                if self._in_engine:  # a group larger than the engine still goes when it is empty
-                    return
-            self._unsubmitted.pop(0)
-            for j in range(self.answers):
-                req = GenRequest(request_id=f"{group.group_id}/{j}", prompt_ids=ids, params=self._params())
-                self.hub.submit(req).add_done_callback(self._collect)
-            self._in_engine += self.answers
+        await asyncio.gather(*(answer(j) for j in range(self.answers)))
+        if self.keep(group):
+            return group
+        self.stats.filtered_groups += 1
+        return None
 
-    def _collect(self, future: asyncio.Future[GenResult]) -> None:
-        self._finished.append(future.result())
+    def on_weights(self, version: int, cancel_before: int | None) -> None:
+        pass  # an answer's version is the one that started it: the engine's, in its result
 
-    def has_work(self) -> bool:
-        return bool(self._unsubmitted) or self.hub.has_work()
+    async def evaluate(self, samples: int) -> EvalResult:
+        """pass@1 and pass@k on the task's held-out prompts (k = `samples`)."""
+        prompts = self.eval_prompts()
+
+        async def correct(i: int, prompt: Prompt) -> list[float]:
+            ids = self._encode(prompt.text)
+            results = await asyncio.gather(*(
+                self.hub.generate(GenRequest(f"eval/{i}/{j}", ids, self.eval_params)) for j in range(samples)
+            ))
+            outcomes = await asyncio.gather(*(self.scorer.score(prompt, r.text) for r in results))
+            return [o.reward for o in outcomes]
+
+        rewards = await asyncio.gather(*(correct(i, p) for i, p in enumerate(prompts)))
+        return eval_result([sum(r >= 1.0 for r in rs) for rs in rewards], samples, [r for rs in rewards for r in rs])
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "rollout/reward_errors_total": float(self.stats.reward_errors),
+            "rollout/samples_total": float(self.stats.samples),
+            "rollout/filtered_groups_total": float(self.stats.filtered_groups),
+        }
+
+    def reward_report(self) -> dict:
+        report = getattr(self.scorer, "report", None)
+        return report() if report else {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
+
+    def state_dict(self, trained: TrainedKeys) -> dict:
+        """Every prompt not trained on yet is owed, in stream order: groups in flight, waiting
+        in the buffer, filtered or dropped as stale were never trained on, so a resumed run
+        generates them again; prompts trained on are never generated twice."""
+        return {"prompts": {"cursor": trained.below, "skip": sorted(trained.above)}}
+
+    def load_state_dict(self, state: dict) -> TrainedKeys:
+        self.stream.load_state_dict(state["prompts"])
+        return TrainedKeys(self.stream.cursor, set(self.stream.skip))
+
+    async def cancel(self) -> None:
+        pass  # a cancelled group aborts its own requests
 
     def close(self) -> None:
-        self._loop.close()
+        close = getattr(self.scorer, "close", None)
+        if close:
+            close()
 
-    def keeps(self, group: Group) -> bool:
-        """Dynamic filtering: a group whose rewards barely differ (std at most `filter_min_std`),
-        or whose mean is at a bound (all wrong / all right), teaches a group-relative estimator
-        nothing (all advantages ~0), so it is dropped and a new prompt takes its place."""
-        rewards = group.rewards
-        mean = sum(rewards) / len(rewards)
-        low, high = self.filter_mean
-        if (low is not None and mean <= low) or (high is not None and mean >= high):
-            return False
-        if self.filter_min_std is None:
-            return True
-        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-        return std > self.filter_min_std
+    # -- internals ----------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = self.tokenizer(text).input_ids
+        return ids
 
     def _params(self) -> SamplingParams:
         if self.length_sampler is None:
@@ -150,63 +260,32 @@ class RLVRRollout:
         # Simulation mode: a forced length, no stop strings, no EOS.
         return replace(self.params, max_new_tokens=self.length_sampler(), stop=[], ignore_eos=True)
 
-    def poll(self, buffer: SampleBuffer, stats: RolloutStats) -> int:
-        """One hub round; finished responses are scored at once. Returns groups completed."""
-        self._loop.run_until_complete(self._round())
-        finished, self._finished = self._finished, []
-        before = len(self.pending)
-        if finished:
-            self._in_engine -= len(finished)
-            self._score_into(finished, self.pending, buffer, stats)
-            self._loop.run_until_complete(self._submit())
-        return before - len(self.pending)
+    def _sample(self, group: Group, r: GenResult, outcome: Outcome) -> Sample:
+        self.stats.samples += 1
+        self.stats.response_tokens += len(r.token_ids)
+        self.stats.reward_errors += outcome.error is not None
+        self.stats.finish_reasons[r.finish_reason] = self.stats.finish_reasons.get(r.finish_reason, 0) + 1
+        return Sample(
+            prompt_id=group.prompt_id,
+            group_id=group.group_id,
+            prompt_ids=list(r.prompt_ids),
+            response_ids=list(r.token_ids),
+            behaviour_logprobs=list(r.logprobs),
+            reward=outcome.reward,
+            version=r.version,
+            finish_reason=r.finish_reason,
+            response_text=r.text,
+            finish_version=r.finish_version,
+            reward_error=outcome.error,
+        )
 
-    async def _round(self) -> None:
-        await self.hub.pump()
-        await asyncio.sleep(0)  # the resolved futures' callbacks run: results reach _finished
 
-    def produce(self, num_groups: int, buffer: SampleBuffer) -> RolloutStats:
-        """Generate and score `num_groups` groups into `buffer` (synchronous use)."""
-        start = time.perf_counter()
-        stats = RolloutStats()
-        self.admit(num_groups)
-        while self.pending:
-            self.poll(buffer, stats)
-        stats.seconds = time.perf_counter() - start
-        return stats
-
-    def _score_into(
-        self,
-        results: list[GenResult],
-        pending: dict[int, tuple[Prompt, Group]],
-        buffer: SampleBuffer,
-        stats: RolloutStats,
-    ) -> None:
-        owners = [pending[int(r.request_id.split("/")[0])] for r in results]
-        outcomes = self.reward.score([(prompt, r.text) for (prompt, _), r in zip(owners, results, strict=True)])
-        for (_, group), r, outcome in zip(owners, results, outcomes, strict=True):
-            group.samples.append(
-                Sample(
-                    prompt_id=group.prompt_id,
-                    group_id=group.group_id,
-                    prompt_ids=list(r.prompt_ids),
-                    response_ids=list(r.token_ids),
-                    behaviour_logprobs=list(r.logprobs),
-                    reward=outcome.reward,
-                    version=r.version,
-                    finish_reason=r.finish_reason,
-                    response_text=r.text,
-                    finish_version=r.finish_version,
-                    reward_error=outcome.error,
-                )
-            )
-            stats.samples += 1
-            stats.response_tokens += len(r.token_ids)
-            stats.reward_errors += outcome.error is not None
-            stats.finish_reasons[r.finish_reason] = stats.finish_reasons.get(r.finish_reason, 0) + 1
-            if len(group.samples) == self.answers:
-                del pending[group.group_id]
-                if self.keeps(group):
-                    buffer.put(group)
-                else:
-                    stats.filtered_groups += 1
+def eval_result(correct: list[int], samples: int, rewards: list[float]) -> EvalResult:
+    """pass@1 and pass@`samples` over prompts (`correct[i]` of `samples` right), mean reward."""
+    return EvalResult(
+        pass_at_1=sum(pass_at_k(samples, c, 1) for c in correct) / len(correct),
+        pass_at_k=sum(pass_at_k(samples, c, samples) for c in correct) / len(correct),
+        k=samples,
+        mean_reward=sum(rewards) / len(rewards),
+        prompts=len(correct),
+    )

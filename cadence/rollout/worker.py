@@ -1,239 +1,291 @@
-"""A rollout worker: an engine, a reward guard and a prompt stream, generating on its own.
+"""The rollout worker: one per rollout process, whatever its groups are made of.
 
-The worker runs the producer half of the pipeline in a background thread:
-admit prompts -> engine steps -> score each finished response at once ->
-complete groups into its `SampleBuffer`. The trainer pulls batches with
-`get_batch` and pushes weights with `update_weights`.
+It drives a `GroupProducer` (RLVR prompts, environment episodes) as coroutines
+on its `InferenceHub`'s event loop: admit what the async ratio allows, play
+each group on the hub, put finished groups in its `SampleBuffer`. The trainer
+pulls batches with `get_batch` and pushes weights with `update_weights`.
 
 Admission implements the asynchronous ratio alpha (ROLL Flash): a worker
 that has received s weight pushes (one per trainer step) may have started at
-most (s + alpha + 1) x quota groups in total, where quota is its share of the
-prompts per step. Groups are consumed in order, one quota per trainer step,
-so every group is trained on at most alpha steps after the one that started
-it; alpha = 0 is synchronous training. s is the policy version v, except
-while the trainer pushes unchanged weights (critic warm-up): versions change
-only with weights, so those steps cost no staleness. A request in flight when new
-weights arrive keeps its tokens and finishes under the new weights with its
-original version tag (interruptible generation, as in AReaL and ROLL).
+most (s + alpha + 1) x quota groups in total (plus `extra` kept in flight and
+one for every group that will never train: filtered out, or lost), where
+quota is its share of the groups per step. Groups are consumed oldest first,
+one quota per trainer step, so every group is trained on at most alpha steps
+after the one that started it; alpha = 0 is synchronous training. s is the
+number of pushes, not the version: while the trainer pushes unchanged weights
+(critic warm-up) versions stand still, and those steps cost no staleness.
 
-The same class runs in-process (`runtime.kind=inline`) or as a Ray actor
-(`runtime.kind=ray`), so there is one code path for a laptop and a cluster.
+Weights have one slot, the hub's: `update_weights` hands them over and returns
+at once; the hub swaps them in between two engine rounds. A request in flight
+keeps its tokens and finishes under the new weights with its original version
+tag (interruptible generation, as in AReaL and ROLL); with `interrupt=False`
+the hub first lets what is in flight finish, and nothing new starts meanwhile.
+
+The loop runs in the worker's own thread (`background=True`), or, for a
+synchronous run in one process, in the caller's thread inside `get_batch`:
+generation and training alternate anyway, and torch ops from a second thread
+would bring a second OpenMP thread team competing for the same cores. A
+producer whose groups wait on environments always gets the thread.
+
+The same class runs in-process (`runtime.kind=inline`) or as a Ray actor.
 """
 
 from __future__ import annotations
 
-import math
-import random
+import asyncio
 import threading
 import time
 import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import torch
 
-from cadence.config import RunConfig
-from cadence.data.tasks import build_task
-from cadence.inference.config import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.prefix_reuse import reuse_metrics
-from cadence.inference.types import SamplingParams
-from cadence.models.loading import load_policy, load_tokenizer
-from cadence.observe.events import Timeline
-from cadence.rewards.guard import RewardGuard
-from cadence.rewards.verifiers import build_reward
 from cadence.rollout.buffer import SampleBuffer
-from cadence.rollout.evaluate import EvalResult, evaluate
-from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRRollout, RolloutStats
+from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.producer import GroupProducer, TrainedKeys
 from cadence.rollout.sample import Group
-from cadence.runtime.threads import configure_threads
+
+T = TypeVar("T")
 
 
-def worker_quotas(prompts_per_step: int, workers: int) -> list[int]:
-    """Split the prompts of one step over workers as evenly as possible."""
-    base, extra = divmod(prompts_per_step, workers)
+class NoTimeline:
+    """The dashboard's span recorder, switched off."""
+
+    def enter(self, state: str, step: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def worker_quotas(groups_per_step: int, workers: int) -> list[int]:
+    """Split the groups of one step over workers as evenly as possible."""
+    base, extra = divmod(groups_per_step, workers)
     return [base + (i < extra) for i in range(workers)]
 
 
 class RolloutWorker:
     def __init__(
-        self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0, background: bool = True
+        self,
+        producer: GroupProducer,
+        hub: InferenceHub,
+        *,
+        quota: int,
+        alpha: int,
+        extra: int = 0,
+        background: bool = True,
+        interrupt: bool = True,
+        index: int = 0,
+        first_group_id: int = 0,
+        group_id_step: int = 1,
+        threads: int = 0,
+        timeline: Any = None,
     ) -> None:
-        self.threads = configure_threads(threads)
-        # background=False: no generation thread; get_batch generates in the caller's thread.
-        # Synchronous training in one process uses this: generation and training alternate
-        # anyway, and torch ops from a second thread would bring a second OpenMP thread team
-        # that competes with the trainer's for the same cores.
-        self.background = background
-        self.cfg = cfg
+        self.producer = producer
+        self.hub = hub
+        self.engine = hub.replicas[0].engine
+        self.quota = quota
+        self.alpha = alpha
+        self.extra = extra  # groups kept in flight beyond alpha's allowance
+        self.background = background or producer.needs_running_loop
+        self.interrupt = interrupt
         self.index = index
-        ro = cfg.rollout
-        # Prompt replication over workers: every worker takes every prompt and generates its
-        # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
-        self.spread = ro.replicate_prompts and workers > 1
-        self.quota = ro.prompts_per_step if self.spread else worker_quotas(ro.prompts_per_step, workers)[index]
-        self.answers = len(range(index, ro.group_size, workers)) if self.spread else ro.group_size
-        self.alpha = ro.async_ratio
-        filtering = ro.filter_min_std is not None or ro.filter_mean_low is not None or ro.filter_mean_high is not None
-        self.extra = ro.extra_prompts if filtering else 0
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        self.engine = build_engine(cfg.rollout.engine, load_policy(cfg.model.path).eval(), self.tokenizer)
-        self.hub = InferenceHub([self.engine])  # every request, training or evaluation, goes through it
-        self.task = build_task(cfg.task)
-        self.reward = RewardGuard(build_reward(cfg.reward, self.task), cfg.reward.timeout_s, cfg.reward.workers)
-        stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(self.task.stop)
-        self.params = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            stop=stop,
-        )
-        self.eval_params = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop
-        )
-        # Exactly the prompts this run will use (this worker's stride of them), so the
-        # stream's cursor pins down the data order across restarts.
-        needed = cfg.trainer.steps * ro.prompts_per_step
-        prompts = self.task.prompts("train", needed, cfg.seed)
-        if not self.spread:
-            prompts = prompts[index::workers] or prompts[:1]
-        self.stream = PromptStream(prompts, cfg.seed if self.spread else cfg.seed + index)
-        self.rollout = RLVRRollout(
-            self.hub, self.tokenizer, self.stream, self.reward, self.params, ro.group_size,
-            first_group_id=0 if self.spread else index, group_id_step=1 if self.spread else workers,
-            length_sampler=self._length_sampler(cfg, index),
-            filter_min_std=ro.filter_min_std, filter_mean=(ro.filter_mean_low, ro.filter_mean_high),
-            answers=self.answers, replicate=ro.replicate_prompts, slots=ro.engine.max_batch_size,
-        )
-        self.buffer = SampleBuffer(self.alpha)
+        self.threads = threads
+        self.timeline = timeline or NoTimeline()
+        self.buffer = SampleBuffer(alpha)
         self.version = 0
-        self.swaps = 0  # weight pushes applied: the admission clock (one per trainer step)
+        self.swaps = 0  # weight pushes received: the admission clock (one per trainer step)
         self.started_groups = 0  # groups admitted since the run began (all versions)
+        self.never_trained = 0  # groups the producer gave up on (filtered, lost): replaced
         self.handed_out = 0  # groups given to the trainer
-        # Stream positions of prompts trained on: all below `trained_below`, plus these above it.
-        # Groups finish out of order (and some are filtered or dropped), so a cursor alone
-        # cannot say which prompts a resumed run still owes the trainer.
-        self.trained_below = 0
-        self.trained_above: set[int] = set()
-        self.stats = RolloutStats()
-        self.interrupt = ro.interrupt_on_update
-        self._lock = threading.Lock()  # the engine: one user at a time
-        self._slot_lock = threading.Lock()  # only guards _new_weights; held for nanoseconds
-        self._wake = threading.Event()  # new weights or stop: the idle generation loop goes on
-        self._new_weights: tuple[dict[str, torch.Tensor], int] | None = None  # waiting for a swap
-        self._stop = threading.Event()
+        self.next_group_id = first_group_id
+        self.group_id_step = group_id_step  # several workers fill one batch: ids never collide
+        self.trained = TrainedKeys()
+        self._keys: dict[int, int] = {}  # group id -> its key, until trained on
+        self._tasks: set[asyncio.Task] = set()  # groups being played
+        self._loop = asyncio.new_event_loop()  # the loop the groups live on (the sim uses its own)
+        self._running: asyncio.AbstractEventLoop | None = None  # the loop _main runs on, while it runs
+        self._changed: asyncio.Event | None = None  # admission may have room: a group ended, weights came
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._born = time.perf_counter()
-        # The pipeline view of `cadence dashboard`: spans of generating / waiting / weight_sync.
-        self.timeline = Timeline(cfg.run_dir() if cfg.logging.events else None, f"rollout-{index}")
 
-    @staticmethod
-    def _length_sampler(cfg: RunConfig, index: int):
-        sim = cfg.rollout.simulate_lengths
-        if sim is None:
-            return None
-        rng = random.Random(cfg.seed * 7919 + index)
-        return lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma))))
-
-    # -- the producer loop ---------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None and self.background:
-            self._thread = threading.Thread(target=self._run, name=f"rollout-{self.index}", daemon=True)
-            self._thread.start()
-
-    def _allowed_groups(self) -> int:
-        # Filtered groups never reach the buffer, so they do not use up the allowance; extra
-        # prompts in flight keep the batch full while some groups are being filtered out.
-        return (self.swaps + self.alpha + 1) * self.quota + self.stats.filtered_groups + self.extra
-
-    def _tick(self) -> bool:
-        """One round of the producer: swap in queued weights, admit what alpha allows, one
-        engine step (its finished answers scored). False when there was nothing to do."""
-        with self._lock:
-            self._swap_weights()
-            room = self._allowed_groups() - self.started_groups
-            if room > 0 and self._new_weights is None:
-                self.rollout.admit(room)
-                self.started_groups += room
-            busy = self.rollout.has_work()
-            self.timeline.enter("generating" if busy else "waiting")
-            if busy:
-                self.rollout.poll(self.buffer, self.stats)
-        return busy
-
-    def _run(self) -> None:
+    # -- the producer loop --------------------------------------------------------
+    async def run(self, until: Callable[[], bool]) -> None:
+        """Serve the hub and keep admitting groups until `until()` holds."""
+        self._running = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(self.hub.serve(stop))
         try:
-            while not self._stop.is_set():
-                if not self._tick():
-                    # Nothing may start until new weights arrive: block instead of polling, since a
-                    # thread waking every few ms steals a core from the trainer's torch threads.
-                    self._wake.wait(timeout=1.0)
-                    self._wake.clear()
-        except Exception:  # surfaced to the trainer on its next call, not lost in a thread
-            self._error = traceback.format_exc()
+            while not until():
+                self._check()
+                self._admit()
+                self.timeline.enter("generating" if self._tasks else "waiting")
+                if not self.background and not self._tasks and not self._room():
+                    raise RuntimeError(f"rollout worker {self.index}: idle with an incomplete batch")
+                self._changed.clear()
+                await self._changed.wait()
+        finally:
+            self._running = None
+            stop.set()
+            await server
 
-    def _swap_weights(self, force: bool = False) -> None:
-        """Load queued weights between two engine steps (caller holds the lock).
+    def _room(self) -> int:
+        if not self.interrupt and self.hub.weights_pending():
+            return 0  # the swap waits for what is in flight; nothing new starts meanwhile
+        allowed = (self.swaps + self.alpha + 1) * self.quota + self.extra + self.never_trained
+        return allowed - self.started_groups
 
-        Interruptible (default): at once; requests in flight continue under the new
-        weights with their tokens, log-probs and original version tag. Otherwise the
-        engine first finishes what it holds on the old weights, admitting nothing new.
-        """
-        if not (force or self.interrupt) and self.rollout.has_work():
-            return
-        with self._slot_lock:
-            new, self._new_weights = self._new_weights, None
-        if new is None:
-            return
-        state_dict, version = new
+    def _admit(self) -> None:
+        for _ in range(self._room()):
+            key, group_id = self.producer.next_key(), self.next_group_id
+            self.next_group_id += self.group_id_step
+            self._keys[group_id] = key
+            task = asyncio.ensure_future(self._play(key, group_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._group_ended)
+            self.started_groups += 1
+
+    async def _play(self, key: int, group_id: int) -> None:
+        group = await self.producer.play(key, group_id)
+        if group is None:
+            self.never_trained += 1
+            self._keys.pop(group_id, None)
+        else:
+            self.buffer.put(group)
+
+    def _group_ended(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            self._error = "".join(traceback.format_exception(error))
+        if self._changed is not None:
+            self._changed.set()
+
+    def _weights_arrived(self, version: int) -> None:
         self.timeline.enter("weight_sync")
-        self.hub.update_weights(state_dict, version)
-        self.hub.apply_weights()  # between two rounds: nothing is stepping now
         self.version = version
         self.swaps += 1
+        # Extra groups still open this late could only be dropped as stale: cancel them.
+        self.producer.on_weights(version, version - self.alpha if self.extra else None)
+        if self._changed is not None:
+            self._changed.set()
+
+    def _in_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn` where the groups live: now if no loop runs them, else on that loop."""
+        loop = self._running
+        if loop is None or self._in_loop_thread():
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _in_loop_thread(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._running
+        except RuntimeError:
+            return False
 
     def _check(self) -> None:
         if self._error:
             raise RuntimeError(f"rollout worker {self.index} failed:\n{self._error}")
 
-    # -- what the trainer calls ------------------------------------------------
+    # -- the worker's thread ---------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None and self.background:
+            self._stopping.clear()
+            ready = threading.Event()
+            self._thread = threading.Thread(target=self._serve, args=(ready,), name=f"rollout-{self.index}",
+                                            daemon=True)
+            self._thread.start()
+            ready.wait()
+
+    def _serve(self, ready: threading.Event) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve_until_stopped(ready))
+        except Exception:  # surfaced to the trainer on its next call, not lost in a thread
+            self._error = self._error or traceback.format_exc()
+        finally:
+            ready.set()
+
+    async def _serve_until_stopped(self, ready: threading.Event) -> None:
+        self._loop.call_soon(ready.set)
+        try:
+            await self.run(self._stopping.is_set)
+        finally:
+            await self._cancel()
+
+    def _on_loop(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` where the groups live: on the worker's thread, or here while the hub serves."""
+        if self._thread is not None:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._loop.run_until_complete(asyncio.wait_for(self.hub.serving(coro), timeout))
+
+    async def _cancel(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.producer.cancel()
+
+    # -- what the trainer calls ------------------------------------------------------
     def get_batch(self, trainer_version: int, timeout: float = 600.0) -> list[Group]:
         """This worker's quota of fresh groups for `trainer_version` (blocks)."""
-        deadline = time.perf_counter() + timeout
-        while True:
-            self._check()
+        if self.background:
+            self.start()
+            deadline = time.perf_counter() + timeout
+            while True:
+                self._check()
+                try:
+                    batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0.05)
+                    break
+                except TimeoutError:
+                    if time.perf_counter() > deadline:
+                        raise
+        else:
+            def ready() -> bool:
+                self.buffer.evict_stale(trainer_version)
+                return len(self.buffer) >= self.quota
+
             try:
-                batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0 if not self.background else 0.05)
-                if not self.background:
-                    self.timeline.enter("waiting")  # generation pauses while the caller trains
-                self.handed_out += len(batch)
-                self._mark_trained(batch)
-                return batch
+                self._loop.run_until_complete(asyncio.wait_for(self.run(ready), timeout))
             except TimeoutError:
-                if time.perf_counter() > deadline:
-                    raise
-                if not self.background and not self._tick():
-                    raise RuntimeError(f"rollout worker {self.index}: idle with an incomplete batch") from None
+                raise TimeoutError(f"sample buffer: {len(self.buffer)}/{self.quota} fresh groups") from None
+            batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0)
+            self.timeline.enter("waiting")  # generation pauses while the caller trains
+        self.handed_out += len(batch)
+        for group in batch:
+            self.trained.add(self._keys.pop(group.group_id))
+        self._in_loop(self._poke)  # a group taken frees room; the loop re-checks admission
+        return batch
+
+    def _poke(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Queue new weights and return at once: the generation loop swaps them in between
-        two engine steps, so the trainer never queues behind the engine (a lock the loop
-        takes back-to-back would starve it). Not generating (before `start`, after `stop`):
-        swapped in now. The tensors must not change afterwards (WorkerGroup sends copies)."""
-        with self._slot_lock:
-            self._new_weights = (state_dict, version)
-        self._wake.set()
-        if self._thread is None:
-            with self._lock:
-                self._swap_weights(force=True)
+        """Hand new weights to the hub and return at once: the hub swaps them in between two
+        engine rounds, so the trainer never queues behind the engine. The tensors must not
+        change afterwards (WorkerGroup sends copies to a generating worker)."""
+        self.hub.update_weights(state_dict, version)
+        self._in_loop(self._weights_arrived, version)
 
     def evaluate(self, samples: int = 1) -> EvalResult:
-        test = self.task.prompts("test", self.cfg.task.test_size, self.cfg.seed)
-        with self._lock:
-            # Evaluate the newest policy: weights queued for a generating worker go in first.
-            self._swap_weights(force=True)
+        """Held-out success of the newest weights (queued ones go in first)."""
+
+        async def newest() -> EvalResult:
+            self.hub.swap_next_round()
             self.timeline.enter("evaluating")
-            return evaluate(self.hub, self.tokenizer, test, self.reward, self.eval_params, samples)
+            return await self.producer.evaluate(samples)
+
+        return self._on_loop(newest())
 
     def metrics(self) -> dict[str, float]:
         engine = self.engine.stats()
@@ -243,66 +295,46 @@ class RolloutWorker:
             "rollout/engine_busy_fraction": engine.get("busy_s", 0.0) / max(wall, 1e-9),
             "rollout/engine_busy_s": engine.get("busy_s", 0.0),
             "rollout/engine_steps": float(engine.get("decode_steps", engine.get("engine_steps", 0))),
-            "rollout/reward_errors_total": float(self.stats.reward_errors),
-            "rollout/samples_total": float(self.stats.samples),
-            "rollout/in_flight_groups": float(len(self.rollout.pending)),
-            "rollout/filtered_groups_total": float(self.stats.filtered_groups),
+            "rollout/in_flight_groups": float(len(self._tasks)),
+            **self.producer.metrics(),
             **reuse_metrics(engine),
         }
 
     def reward_report(self) -> dict:
         """The reward guard's counters and the first failure of each kind (with its traceback)."""
-        stats = self.reward.stats()
-        return {k: stats[k] for k in ("calls", "errors", "timeouts", "first_failures")}
-
-    def _mark_trained(self, groups: list[Group]) -> None:
-        with self._lock:  # positions are written by the generation thread at admission
-            positions = [self.rollout.positions.pop(g.group_id) for g in groups]
-        self.trained_above.update(positions)
-        while self.trained_below in self.trained_above:
-            self.trained_above.discard(self.trained_below)
-            self.trained_below += 1
+        return self.producer.reward_report()
 
     def state_dict(self) -> dict:
-        """Where to resume: every prompt not trained on yet is owed, in stream order.
-
-        Groups still in flight, waiting in the buffer, filtered or dropped as stale were
-        never trained on, so a resumed run generates them again; prompts trained on are
-        never generated twice, in whatever order their groups finished.
-        """
-        state = {
-            "prompts": {"cursor": self.trained_below, "skip": sorted(self.trained_above)},
-            "next_group_id": self.rollout._next_group_id,
-            "swaps": self.swaps,
-        }
+        """Where to resume (see the producer's state_dict) and the admission clock."""
+        state = {**self.producer.state_dict(self.trained), "next_group_id": self.next_group_id, "swaps": self.swaps}
         # The engine's sampling RNG: with it a synchronous run resumes bit-identically (nothing is
         # in flight between steps). Asynchronous runs regenerate in-flight groups, so theirs differ.
-        with self._lock:
-            state["engine"] = self.engine.sampling_state()
+        state["engine"] = self.engine.sampling_state()
         return state
 
     def load_state_dict(self, state: dict, version: int) -> None:
         """Resume at trainer `version` with nothing in flight."""
-        self.stream.load_state_dict(state["prompts"])
-        self.trained_below, self.trained_above = self.stream.cursor, set(self.stream.skip)
+        self.trained = self.producer.load_state_dict(state)
         if "engine" in state:  # absent from checkpoints written before it was saved
-            with self._lock:
-                self.engine.load_sampling_state(state["engine"])
-        self.rollout._next_group_id = state["next_group_id"]
+            self.engine.load_sampling_state(state["engine"])
+        self.next_group_id = state.get("next_group_id", self.next_group_id)
         self.version = version
         self.swaps = state.get("swaps", version)  # older checkpoints: one push per version
         self.started_groups = self.swaps * self.quota
+        self.producer.on_weights(version, None)
 
     def stop(self) -> None:
-        """Stop generating; the engine and reward guard stay usable (final evaluation)."""
-        self._stop.set()
-        self._wake.set()
+        """Stop generating (groups in flight are cancelled); evaluation still works."""
+        self._stopping.set()
+        self._in_loop(self._poke)
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=60)
             self._thread = None
 
     def close(self) -> None:
         self.stop()
-        self.reward.close()
-        self.rollout.close()
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._cancel())
+            self._loop.close()
+        self.producer.close()
         self.timeline.close()

@@ -1,7 +1,7 @@
 """Where rollout workers live: in this process, or as Ray actors.
 
 `WorkerGroup` gives the trainer one interface either way:
-  runtime.kind=inline  one `RolloutWorker` in-process (its generation thread
+  runtime.kind=inline  one rollout worker in-process (its generation thread
                        shares the process with the trainer; used by tests)
   runtime.kind=ray     `runtime.rollout_workers` Ray actors, each with
                        `runtime.rollout_cpus` CPUs (or GPUs) and a matching torch
@@ -18,7 +18,6 @@ from typing import Any
 from cadence.config import ConfigError, RunConfig
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
-from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.cluster import check_fit, role_requests, wait_ready
 from cadence.runtime.connect import connect_ray
 from cadence.runtime.supervisor import record_restart
@@ -26,7 +25,9 @@ from cadence.runtime.threads import cpu_share
 
 
 class WorkerGroup:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, worker: type) -> None:
+        """`worker(cfg, index, workers, threads[, background])` builds one rollout worker
+        (cadence.assemble.ConfiguredRolloutWorker)."""
         self.cfg = cfg
         self.kind = cfg.runtime.kind
         n = cfg.runtime.rollout_workers
@@ -34,7 +35,7 @@ class WorkerGroup:
         if self.kind == "inline":
             # Synchronous: generation runs in the trainer's thread (see RolloutWorker.background).
             background = cfg.rollout.async_ratio > 0
-            self.workers: list[Any] = [worker_class(cfg)(cfg, 0, 1, threads=cfg.runtime.threads, background=background)]
+            self.workers: list[Any] = [worker(cfg, 0, 1, threads=cfg.runtime.threads, background=background)]
             return
         import ray
 
@@ -45,7 +46,7 @@ class WorkerGroup:
         # No restarts by Ray itself (max_restarts=0): a transparently restarted actor would take
         # the next call with fresh state (base weights, first prompts). A dead actor fails its
         # next call instead, and `_recover` starts a replacement wherever Ray finds room.
-        self.actor = ray.remote(worker_class(cfg)).options(
+        self.actor = ray.remote(worker).options(
             num_cpus=cpus, num_gpus=rt.rollout_gpus, resources=rt.rollout_resources or None,
             max_concurrency=4, max_restarts=0,
         )
@@ -196,15 +197,6 @@ class WorkerGroup:
 
             for w in self.workers:
                 ray.kill(w)
-
-
-def worker_class(cfg: RunConfig) -> type:
-    """Episodes for a config with an env section, task prompts otherwise."""
-    if cfg.env is not None:
-        from cadence.rollout.episode_worker import EpisodeWorker
-
-        return EpisodeWorker
-    return RolloutWorker
 
 
 def join_parts(parts: list[list[Group]]) -> list[Group]:

@@ -1,0 +1,120 @@
+"""The composition root: where a `RunConfig` becomes components.
+
+Every component below takes its own config section or plain values; this module
+is the one place that reads the whole run config to wire them together.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from cadence.config import RunConfig
+from cadence.data.tasks import build_task
+from cadence.inference.config import build_engine
+from cadence.inference.hub import InferenceHub
+from cadence.inference.types import SamplingParams
+from cadence.models.loading import load_policy, load_tokenizer
+from cadence.observe.events import Timeline
+from cadence.rewards.guard import RewardGuard
+from cadence.rewards.verifiers import build_reward
+from cadence.rollout.producer import GroupProducer
+from cadence.rollout.prompts import PromptStream
+from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
+from cadence.rollout.worker import RolloutWorker, worker_quotas
+from cadence.runtime.threads import configure_threads
+
+
+class ConfiguredRolloutWorker(RolloutWorker):
+    """A `RolloutWorker` built from a run config: what a Ray actor is constructed with (its
+    arguments are small and picklable; the model loads inside the actor)."""
+
+    def __init__(self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0,
+                 background: bool = True) -> None:
+        threads = configure_threads(threads)
+        ro = cfg.rollout
+        tokenizer = load_tokenizer(cfg.model.path)
+        if cfg.env is not None:
+            from cadence.rollout.turns import turn_format
+
+            turns = turn_format(cfg.env, tokenizer)  # chat template or plain text; before the weights load
+        policy = load_policy(cfg.model.path).eval()
+        hub = InferenceHub([build_engine(ro.engine, policy, tokenizer)], interrupt=ro.interrupt_on_update)
+        # Prompt replication over workers: every worker takes every prompt and generates its
+        # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
+        spread = ro.replicate_prompts and workers > 1 and cfg.env is None
+        if cfg.env is not None:
+            producer: GroupProducer = _episodes(cfg, hub, tokenizer, policy, turns, index, workers)
+            extra = ro.extra_groups
+        else:
+            producer = _rlvr(cfg, hub, tokenizer, index, workers, spread)
+            filtering = ro.filter_min_std is not None or ro.filter_mean_low is not None or ro.filter_mean_high is not None
+            extra = ro.extra_prompts if filtering else 0
+        super().__init__(
+            producer, hub,
+            quota=ro.prompts_per_step if spread else worker_quotas(ro.prompts_per_step, workers)[index],
+            alpha=ro.async_ratio, extra=extra, background=background, interrupt=ro.interrupt_on_update,
+            index=index, first_group_id=0 if spread else index, group_id_step=1 if spread else workers,
+            threads=threads,
+            # The pipeline view of `cadence dashboard`: spans of generating / waiting / weight_sync.
+            timeline=Timeline(cfg.run_dir() if cfg.logging.events else None, f"rollout-{index}"),
+        )
+
+
+def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int, spread: bool) -> RLVRProducer:
+    ro = cfg.rollout
+    task = build_task(cfg.task)
+    stop = ro.stop if ro.stop is not None else list(task.stop)
+    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop)
+    prompts = task.prompts("train", _pool_size(cfg), cfg.seed)
+    if not spread:
+        prompts = prompts[index::workers] or prompts[:1]
+    guard = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
+    return RLVRProducer(
+        hub, tokenizer, PromptStream(prompts, cfg.seed if spread else cfg.seed + index), GuardScorer(guard), params,
+        answers=len(range(index, ro.group_size, workers)) if spread else ro.group_size,
+        replicate=ro.replicate_prompts, slots=ro.engine.max_batch_size,
+        length_sampler=_length_sampler(cfg, index),
+        keep=lambda group: keeps(group, ro.filter_min_std, ro.filter_mean_low, ro.filter_mean_high),
+        eval_prompts=lambda: task.prompts("test", cfg.task.test_size, cfg.seed),
+        eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
+    )
+
+
+def _pool_size(cfg: RunConfig) -> int:
+    """How many training prompts the stream walks: exactly the ones the run will use, as
+    before (the data order of existing runs is kept), at least one pool."""
+    return cfg.trainer.steps * cfg.rollout.prompts_per_step
+
+
+def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index: int, workers: int) -> GroupProducer:
+    from cadence.envs.runner import EnvRunner
+    from cadence.rollout.env_rollout import EnvRollout
+    from cadence.rollout.lockstep import LockstepRollout
+
+    ro, env = cfg.rollout, cfg.env
+    assert env is not None
+    # An episode never grows past the positions the model was built for (a tiny shipped model
+    # knows 1024): the budget is the smaller of the config's and the model's.
+    budget = min(ro.max_context_tokens, getattr(policy.config, "max_position_embeddings", None) or ro.max_context_tokens)
+    stop = list(ro.stop or [])
+    kwargs: dict = {}
+    if ro.env_mode == "lockstep":
+        kwargs["batch_groups"] = worker_quotas(ro.prompts_per_step, workers)[index]
+    return (LockstepRollout if kwargs else EnvRollout)(
+        hub, lambda: EnvRunner.from_config(env), tokenizer,
+        SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop),
+        ro.group_size, redundancy=ro.redundancy, max_context_tokens=budget, turns=turns,
+        first_seed=1000 * (cfg.seed + 1) + 10**6 * index,
+        eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
+        eval_episodes=cfg.eval.episodes, **kwargs,
+    )
+
+
+def _length_sampler(cfg: RunConfig, index: int) -> Callable[[], int] | None:
+    sim = cfg.rollout.simulate_lengths
+    if sim is None:
+        return None
+    rng = random.Random(cfg.seed * 7919 + index)
+    return lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma))))
