@@ -13,68 +13,36 @@ response when it has none. Score (`scoring`):
     all:       1.0 if passed == total else 0.0
 
 Where it runs: a fresh sandbox per response (cadence.sandbox: no network, no host files,
-rlimits and, where available, a memory cgroup), on a sandbox service when `url` is set (a
-warm sandbox from its pool: milliseconds) or a local bubblewrap sandbox otherwise. Inside, a
-small harness forks one child per test: the child runs the solution then the test, with its
-output sent to /dev/null, and a per-test wall clock (`test_timeout_s`) kills it. The harness
-never runs model code itself; it reports the count through its exit status (10 + passed), which
-model code can only spoil (by killing it: the response then scores 0.0), not forge by printing.
-The sandbox contains what the code does to the host; it cannot make tests meaningful: code that
-returns an object equal to everything passes a bare `assert f(x) == y`.
+rlimits, a seccomp filter and, where available, a memory cgroup), on a sandbox service when
+`url` is set (a warm sandbox from its pool: milliseconds) or a local bubblewrap sandbox
+otherwise. Inside, a judge (unit_tests_harness.py) runs each test itself and the solution in a
+fresh interpreter per test that only answers its questions ("call add(2, 3)") with plain data of
+exact built-in types; the judge compares, so an always-equal object, an early exit, patched
+builtins or a printed verdict fail the test. The tests and the per-call nonce never enter the
+solution's process (there is no tests file), and the host counts the judge's verdict line only
+when it carries that nonce and the call exited 0 within its limits: model code can spoil a run
+(by killing the judge: the response then scores 0.0), never forge one. See docs/sandbox.md,
+"Reward hacks and the defence that stops each".
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import shutil
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cadence.data.tasks import Prompt
 
-MAX_TESTS = 245  # the harness reports 10 + passed through an exit status (< 256)
+MAX_TESTS = 245  # a bound on one response's sandbox time (test_timeout_s each)
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# Runs in the sandbox's Python (standard library only); never runs model code in its own process.
-HARNESS = """
-import json, os, signal, time
-tests = json.load(open("tests.json"))
-solution = compile(open("solution.py").read(), "solution.py", "exec")
-passed = 0
-for i, test in enumerate(tests):
-    pid = os.fork()
-    if pid == 0:
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.setsid()
-        try:
-            ns = {"__name__": "__main__"}
-            exec(solution, ns)
-            exec(compile(test, f"test_{i}", "exec"), ns)
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    deadline = time.monotonic() + TEST_TIMEOUT_S
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            passed += status == 0
-            break
-        if time.monotonic() > deadline:
-            os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            break
-        time.sleep(0.002)
-    try:
-        os.killpg(pid, signal.SIGKILL)  # what the test left running
-    except OSError:
-        pass
-os._exit(10 + passed)
-"""
+HARNESS = (Path(__file__).with_name("unit_tests_harness.py")).read_text()
 
 
 class UnitTestsConfig(BaseModel):
@@ -166,24 +134,28 @@ class UnitTestReward:
         from cadence.sandbox.models import Limits
 
         wall = self.cfg.test_timeout_s * len(tests) + 5.0
-        code = f"TEST_TIMEOUT_S = {self.cfg.test_timeout_s!r}\n{HARNESS}"
         if self.cfg.url is not None:
             from cadence.sandbox.client import Sandbox
 
             with Sandbox(self.cfg.url) as sb:  # the service's limits: a warm spare, no cold start
-                return _passed(sb, solution, tests, code, wall)
+                return passed_tests(sb, solution, tests, self.cfg.test_timeout_s, wall)
         from cadence.sandbox.sandbox import LocalSandbox
 
         limits = Limits(memory_mb=self.cfg.memory_mb, processes=64, wall_s=wall, cpu_s=wall)
         with LocalSandbox(limits, python_packages=self.cfg.python_packages) as sb:
-            return _passed(sb, solution, tests, code, wall)
+            return passed_tests(sb, solution, tests, self.cfg.test_timeout_s, wall)
 
 
-def _passed(sb: Any, solution: str, tests: list[str], harness: str, wall_s: float) -> int:
-    sb.write_file("solution.py", solution)
-    sb.write_file("tests.json", json.dumps(tests))
-    r = sb.exec(code=harness, timeout_s=wall_s)
-    if r.limit is not None or not 10 <= r.exit_code <= 10 + len(tests):
-        # The harness was killed (by model code, or a limit): nothing it counted can be trusted.
+def passed_tests(sb: Any, solution: str, tests: list[str], test_timeout_s: float, wall_s: float) -> int:
+    """Run the judge in sandbox `sb` (local or a service's) and read its verdict: only a line
+    carrying this call's nonce, from a judge that exited 0 within its limits, counts."""
+    nonce = secrets.token_hex(16)
+    params = json.dumps({"tests": tests, "solution": solution, "timeout_s": test_timeout_s, "nonce": nonce})
+    r = sb.exec(code=f"PARAMS = {params!r}\n{HARNESS}", timeout_s=wall_s)
+    lines = r.stdout.splitlines()
+    verdict = lines[-1].split(" ") if lines else []
+    if (r.limit is not None or r.exit_code != 0 or len(verdict) != 2 or verdict[0] != nonce
+            or not verdict[1].isdigit() or int(verdict[1]) > len(tests)):
+        # The judge was killed (by model code, or a limit): nothing it counted can be trusted.
         raise RuntimeError(f"unit-test harness failed: exit {r.exit_code}, limit {r.limit}, {r.stderr[-200:]!r}")
-    return r.exit_code - 10
+    return int(verdict[1])

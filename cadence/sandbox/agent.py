@@ -22,7 +22,16 @@ import select
 import sys
 import time
 
-from cadence.sandbox.agent_base import CFG, apply_limits, high_fds, kill_group, recv, run_code, send
+from cadence.sandbox.agent_base import (
+    CFG,
+    apply_limits,
+    high_fds,
+    kill_group,
+    not_dumpable,
+    recv,
+    run_code,
+    send,
+)
 from cadence.sandbox.agent_sessions import Session, read_status_line, shell_call
 
 MAX_OUTPUT = 1 << 20  # bytes of stdout/stderr kept per call; the rest is drained and dropped
@@ -305,6 +314,8 @@ def main() -> None:
     global PROTO_IN, PROTO_OUT
     PROTO_IN, PROTO_OUT = high_fds(0, 1)
     CFG.update(recv(PROTO_IN))  # the host sends the config right after the agent's modules
+    if CFG["isolated"]:
+        not_dumpable()
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1):
         os.dup2(null, fd)
@@ -330,6 +341,7 @@ def main() -> None:
         except Exception as e:  # a malformed request must not take the agent down
             resp = {"error": f"{type(e).__name__}: {e}"}
         _reap()
+        resp["id"] = req.get("id")  # the host checks it: a reply is only ever its own call's
         send(PROTO_OUT, resp, as_json=True)
 
 

@@ -119,6 +119,28 @@ def _print_exc() -> None:
     traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)  # not run_code's frame
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> None:
+    """Make this process (and every fork of it that does not exec: sessions, `code` calls, a
+    unit-test harness) non-dumpable: code of the same uid can then neither ptrace it nor open its
+    /proc/PID/mem or /proc/PID/fd (the host pipe). prctl through _ctypes, not ctypes: ctypes
+    imports cost milliseconds of cold start, _ctypes alone a fraction of one."""
+    import _ctypes
+
+    class CInt(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Prctl(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL
+        _restype_ = CInt
+
+    prctl = Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))
+    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the agent would be open to ptrace")
+
+
 def high_fds(*fds: int) -> list[int]:
     """Copies of fds numbered >= 100, so dup2 onto 0..4 cannot clobber one still needed."""
     return [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import marshal
 import os
+import platform
 import random
 import shutil
 import site
@@ -32,7 +33,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
-from cadence.sandbox import staging
+from cadence.sandbox import seccomp, staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
 
 SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -76,6 +77,13 @@ class Launch:
     workspace_host: str | None = None  # the unisolated fallback's host folder
     env: dict[str, str] = field(default_factory=dict)
     stage: list[str] = field(default_factory=list)  # host paths to stage first (staging.py)
+    seccomp: bytes | None = None  # the filter bwrap loads (seccomp.py); argv_with() adds its fd
+
+    def argv_with(self, seccomp_fd: int | None) -> list[str]:
+        """The argv, with `--seccomp FD` for bwrap when there is a filter to load."""
+        if seccomp_fd is None:
+            return self.argv
+        return [self.argv[0], "--seccomp", str(seccomp_fd), *self.argv[1:]]
 
 
 @dataclass(frozen=True)
@@ -318,10 +326,15 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         argv += ["--setenv", name, value]
     argv += [
         "--proc", "/proc", "--dev", "/dev",
+        "--size", size, "--tmpfs", "/dev/shm",  # else --dev's own /dev/shm: a tmpfs without a size
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
         "--remount-ro", "/",  # the root itself (/opt, the mount points): only /workspace and /tmp are writable
         "--chdir", WORKSPACE,
         view.executable, *loader,
     ]
-    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage)
+    prog = seccomp.program()
+    if prog is None:
+        raise IsolationUnavailable(f"no seccomp syscall table for {platform.machine()} "
+                                   f"(known: {sorted(seccomp.TABLES)}); add one to cadence/sandbox/seccomp.py")
+    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage, seccomp=prog)

@@ -24,7 +24,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from cadence.sandbox import staging
+from cadence.sandbox import seccomp, staging
 from cadence.sandbox.cgroup import SandboxCgroup
 from cadence.sandbox.isolation import Mount, launch
 from cadence.sandbox.models import (
@@ -78,6 +78,7 @@ def _popen(nice: int, stage: list[str], argv: list[str], **kw) -> subprocess.Pop
 BACKGROUND_NICE = 10  # warm spares start at this priority (see LocalSandbox.start)
 GRACE_S = 5.0  # beyond the call's own wall clock, before an unanswering agent counts as hung
 START_TIMEOUT_S = 30.0
+MAX_WAIT_S = 7 * 24 * 3600.0  # a deadline past this is a week: select() overflows on larger ones
 FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes milliseconds; past this the agent is hung
 
 
@@ -113,10 +114,17 @@ class LocalSandbox:
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
-        self.proc = _SPAWNER.submit(
-            _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.stage, spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-            start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/", **kw,
-        ).result()
+        filter_fd = seccomp.program_fd(spec.seccomp) if spec.seccomp is not None else None
+        try:
+            self.proc = _SPAWNER.submit(
+                _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.stage,
+                spec.argv_with(filter_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/",
+                pass_fds=() if filter_fd is None else (filter_fd,), **kw,
+            ).result()
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
         # Into its cgroup before the agent has its source, so before anything in it can fork.
         # Named per process, not per sandbox id: a replacement under the same id must never share
         # a cgroup with its predecessor, whose removal kills what is inside.
@@ -199,6 +207,8 @@ class LocalSandbox:
         if (request.cmd is None) == (request.code is None):
             raise SandboxError("exec: give exactly one of cmd or code")
         timeout = request.timeout_s or self.limits.wall_s
+        if not 0 < timeout < float("inf"):  # nan and inf too: refused before anything runs
+            raise SandboxError(f"exec: timeout_s={timeout!r}: give a finite number of seconds > 0")
         cgroup = self.cgroup
         ooms = cgroup.oom_kills() if cgroup is not None else 0
         resp = self._call({
@@ -234,17 +244,26 @@ class LocalSandbox:
 
     # -- wire ------------------------------------------------------------------------------------
     def _call(self, req: dict, timeout_s: float, grace: float = GRACE_S) -> dict:
+        """One request and its reply. Every request carries a fresh id that its reply must echo;
+        a call that fails on the way (no answer in time, a broken or foreign frame, a wrong id,
+        an error here between the write and the read) stops the sandbox, so no later call can
+        read this call's reply as its own: the caller (a pool) starts a fresh one."""
         with self._lock:
             if not self.alive:
                 raise SandboxDied(f"sandbox {self.id} is not running")
-            data = marshal.dumps(req, 4)  # the agent reads marshal; we read its JSON
+            call_id = os.urandom(8).hex()
+            data = marshal.dumps({**req, "id": call_id}, 4)  # the agent reads marshal; we read its JSON
             try:
                 self.proc.stdin.write(struct.pack(">I", len(data)) + data)
                 self.proc.stdin.flush()
-                resp = self._recv(time.monotonic() + timeout_s + grace)
-            except (BrokenPipeError, SandboxDied) as e:
+                resp = self._recv(time.monotonic() + min(timeout_s + grace, MAX_WAIT_S))
+                if not isinstance(resp, dict) or resp.pop("id", None) != call_id:
+                    raise SandboxDied("a reply that is not this call's (wrong or missing call id)")
+            except BaseException as e:
                 self.stop()
-                raise SandboxDied(f"sandbox {self.id} died or hung: {e}") from e
+                if isinstance(e, SandboxDied | BrokenPipeError | ValueError | OverflowError | OSError):
+                    raise SandboxDied(f"sandbox {self.id} died or hung: {type(e).__name__}: {e}") from e
+                raise
         if "error" in resp:
             raise SandboxError(resp["error"])
         return resp
