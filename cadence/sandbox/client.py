@@ -5,9 +5,12 @@
         print(sb.exec(code="print(x + 1)", session=True).stdout)
 
 Given several service URLs, a new sandbox goes to the one with the fewest live sandboxes (its
-/v1/health), skipping services that do not answer. Retried: anything whose request never reached
-the service (connection refused: for up to CONNECT_WAIT_S, so a restarting service is waited
-for), and idempotent reads and stops on 502/503/504 or a dropped connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
+/v1/health), skipping services that do not answer. A service that was never reached fails at
+once with one line (`ServiceUnreachable`: is `cadence sandbox serve` running?), unless
+`connect_wait_s=` asks to wait for one still starting. Once reached, retried: anything whose
+request never reached the service (connection refused: for up to CONNECT_WAIT_S, so a
+restarting service is waited for), and idempotent reads and stops on 502/503/504 or a dropped
+connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from cadence.sandbox.pool import SandboxInfo
 DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_TOKEN_FILE = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox", "token")
 RETRIES = 3
-CONNECT_WAIT_S = 10.0  # a refused connection is retried this long: a restarting service comes back
+CONNECT_WAIT_S = 10.0  # a refused connection to a service once reached is retried this long: a restart
 
 
 def resolve(url: str | list[str] | None, token: str | None) -> tuple[list[str], str]:
@@ -45,6 +48,16 @@ def resolve(url: str | list[str] | None, token: str | None) -> tuple[list[str], 
 
 class ServiceBusy(SandboxError):
     """The service's pool is full (HTTP 429)."""
+
+
+class ServiceUnreachable(SandboxError):
+    """Nothing answers at the service's URL."""
+
+
+def unreachable(url: str, exc: Exception) -> ServiceUnreachable:
+    where = httpx.URL(url)
+    return ServiceUnreachable(f"cannot reach the sandbox service at {where.scheme}://{where.netloc.decode()} "
+                              f"({type(exc).__name__}); is `cadence sandbox serve` running?")
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -75,21 +88,28 @@ class Sandbox:
     """A sandbox on a service, created on enter (or `start()`), stopped on exit (or `stop()`)."""
 
     def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0) -> None:
+                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0) -> None:
+        """`connect_wait_s`: how long to wait for a service not reached yet (one starting beside
+        this client); 0 fails at once with a one-line ServiceUnreachable."""
         self.urls, token = resolve(url, token)
         self.limits = limits
+        self.connect_wait_s = connect_wait_s
+        self.reached = False  # a service answered once: refused connections are then a restart
         self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
         self.id: str | None = None
 
-    def _req(self, method: str, url: str, connect_wait_s: float = CONNECT_WAIT_S, **kw) -> httpx.Response:
+    def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
+        if connect_wait_s is None:
+            connect_wait_s = CONNECT_WAIT_S if self.reached else self.connect_wait_s
         deadline, attempt = time.monotonic() + connect_wait_s, 0
         while True:
             try:
                 resp = self.http.request(method, url, **kw)
-            except httpx.ConnectError:  # nothing reached the service: always safe to retry
-                if time.monotonic() > deadline:
-                    raise
+                self.reached = True
+            except httpx.ConnectError as e:  # nothing reached the service: always safe to retry
+                if time.monotonic() >= deadline:
+                    raise unreachable(url, e) from None
             except httpx.TransportError:
                 if method not in SAFE or attempt >= RETRIES:
                     raise
@@ -116,13 +136,15 @@ class Sandbox:
         err: Exception | None = None
         for u in self._pick():
             try:
-                wait = CONNECT_WAIT_S if len(self.urls) == 1 else 0.0  # else try the next service
+                wait = self.connect_wait_s if len(self.urls) == 1 else 0.0  # else try the next service
                 info = SandboxInfo(**self._req("POST", f"{u}/v1/sandboxes", wait, json=body).json())
-            except (httpx.ConnectError, ServiceBusy) as e:  # down, or full: try the next service
+            except (ServiceUnreachable, ServiceBusy) as e:  # down, or full: try the next service
                 err = e
                 continue
             self.url, self.id = u, info.id
             return self
+        if len(self.urls) == 1:
+            raise err
         raise SandboxError(f"no sandbox service could create a sandbox ({err})")
 
     @property
@@ -173,21 +195,26 @@ class AsyncSandbox:
     """`Sandbox` for asyncio: the same calls, awaited."""
 
     def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0) -> None:
+                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0) -> None:
         self.urls, token = resolve(url, token)
         self.limits = limits
+        self.connect_wait_s = connect_wait_s
+        self.reached = False
         self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
         self.id: str | None = None
 
-    async def _req(self, method: str, url: str, connect_wait_s: float = CONNECT_WAIT_S, **kw) -> httpx.Response:
+    async def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
+        if connect_wait_s is None:
+            connect_wait_s = CONNECT_WAIT_S if self.reached else self.connect_wait_s
         deadline, attempt = time.monotonic() + connect_wait_s, 0
         while True:
             try:
                 resp = await self.http.request(method, url, **kw)
-            except httpx.ConnectError:
-                if time.monotonic() > deadline:
-                    raise
+                self.reached = True
+            except httpx.ConnectError as e:
+                if time.monotonic() >= deadline:
+                    raise unreachable(url, e) from None
             except httpx.TransportError:
                 if method not in SAFE or attempt >= RETRIES:
                     raise
@@ -214,13 +241,15 @@ class AsyncSandbox:
         err: Exception | None = None
         for u in await self._pick():
             try:
-                wait = CONNECT_WAIT_S if len(self.urls) == 1 else 0.0
+                wait = self.connect_wait_s if len(self.urls) == 1 else 0.0
                 info = SandboxInfo(**(await self._req("POST", f"{u}/v1/sandboxes", wait, json=body)).json())
-            except (httpx.ConnectError, ServiceBusy) as e:
+            except (ServiceUnreachable, ServiceBusy) as e:
                 err = e
                 continue
             self.url, self.id = u, info.id
             return self
+        if len(self.urls) == 1:
+            raise err
         raise SandboxError(f"no sandbox service could create a sandbox ({err})")
 
     @property

@@ -18,7 +18,10 @@ dies, the call answers 503 (`EnvCrashed`) and the next `reset` makes it again.
     env.close()
 
 In a training config: env.name=python:cadence.sandbox.hosted_env:HostedEnv with env.kwargs.name,
-env.kwargs.kwargs and env.kwargs.url (the token from $CADENCE_SANDBOX_TOKEN or its file).
+env.kwargs.url (the token from $CADENCE_SANDBOX_TOKEN or its file) and the hosted environment's
+own arguments, either under env.kwargs.kwargs or directly in env.kwargs: any keyword HostedEnv
+does not take itself passes through to the hosted class (so a config written for the local
+environment, e.g. examples/frozenlake.yaml's env.kwargs.rules, runs hosted unchanged).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ import os
 import threading
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cadence.sandbox.auth import owner_filter
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.isolation import CODE_ROOT, Mount
-from cadence.sandbox.models import ExecRequest, Limits, SandboxDied, SandboxError
+from cadence.sandbox.models import MAX_SECONDS, ExecRequest, Limits, SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool
 
 MODULE = "cadence_hosted_env"
@@ -62,7 +66,7 @@ class EnvSpec(BaseModel):
         "built-in (frozenlake, sokoban, ...) or python:pkg.module:Class / python:/path/file.py:Class; "
         "only that package (or file) is shown to the sandbox, read-only")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    step_timeout_s: float = Field(30.0, gt=0)
+    step_timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     limits: Limits | None = None
 
     @model_validator(mode="after")
@@ -75,10 +79,12 @@ class EnvSpec(BaseModel):
 
 
 class ResetRequest(BaseModel):
-    seed: int = 0
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, ge=-(2**63), le=2**63 - 1)
 
 
 class StepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     action: str
 
 
@@ -102,7 +108,12 @@ def _package_mount(module: str, where: str) -> Mount:
     if spec is None:
         raise EnvError(f"{where}: no module {top!r} on the service's host")
     if spec.submodule_search_locations:
-        return Mount(list(spec.submodule_search_locations)[0], f"{CODE_ROOT}/{top}")
+        # A regular package only: a namespace "package" is any plain folder on sys.path (the
+        # service's working directory's subfolders too), and mounting it would show all of it.
+        if spec.origin is None or os.path.basename(spec.origin) != "__init__.py":
+            raise EnvError(f"{where}: {top!r} is a plain folder (no __init__.py), not a Python package; "
+                           "only packages and single .py files are hosted")
+        return Mount(os.path.dirname(spec.origin), f"{CODE_ROOT}/{top}")
     if spec.origin is None or not spec.origin.endswith(".py"):
         raise EnvError(f"{where}: {top!r} is not a Python source module or package")
     return Mount(spec.origin, f"{CODE_ROOT}/{top}.py")
@@ -138,11 +149,12 @@ class EnvHost:
         self.needs_make: set[str] = set()
         self._lock = threading.Lock()
 
-    def make(self, spec: EnvSpec) -> str:
+    def make(self, spec: EnvSpec, owner: str | None = None) -> str:
+        """A new environment in a sandbox leased to `owner` (the client); returns its id."""
         if spec.class_name is not None and not spec.class_name.isidentifier():
             raise EnvError(f"class_name: {spec.class_name!r} is not a Python identifier")
         mounts = (resolve_env(spec.name)[2],) if spec.name is not None else ()
-        sid = self.pool.acquire(spec.limits, mounts=mounts).id
+        sid = self.pool.acquire(spec.limits, mounts=mounts, owner=owner).id
         with self._lock:
             self.specs[sid] = spec
         try:
@@ -238,21 +250,27 @@ def _last_line(text: str) -> str:
 
 
 def add_env_routes(app: FastAPI, host: EnvHost) -> None:
+    """The /v1/envs routes; an environment is its sandbox's client's, like the sandbox."""
+
+    def mine(request: Request, env_id: str) -> str:
+        host.pool.get(env_id, owner_filter(request))  # another client's: 404
+        return env_id
+
     @app.post("/v1/envs")
-    def make(spec: EnvSpec) -> dict:
-        return {"id": host.make(spec)}
+    def make(request: Request, spec: EnvSpec) -> dict:
+        return {"id": host.make(spec, request.state.client)}
 
     @app.post("/v1/envs/{env_id}/reset")
-    def reset(env_id: str, req: ResetRequest) -> dict:
-        return host.reset(env_id, req.seed)
+    def reset(request: Request, env_id: str, req: ResetRequest) -> dict:
+        return host.reset(mine(request, env_id), req.seed)
 
     @app.post("/v1/envs/{env_id}/step")
-    def step(env_id: str, req: StepRequest) -> dict:
-        return host.step(env_id, req.action)
+    def step(request: Request, env_id: str, req: StepRequest) -> dict:
+        return host.step(mine(request, env_id), req.action)
 
     @app.delete("/v1/envs/{env_id}")
-    def close(env_id: str) -> dict:
-        host.close(env_id)
+    def close(request: Request, env_id: str) -> dict:
+        host.close(mine(request, env_id))
         return {"ok": True}
 
 
@@ -263,10 +281,11 @@ class HostedEnv(Sandbox):
     def __init__(self, url: str | list[str] | None = None, token: str | None = None, *,
                  name: str | None = None, source: str | None = None, class_name: str | None = None,
                  kwargs: dict | None = None, step_timeout_s: float = 30.0,
-                 limits: Limits | dict | None = None) -> None:
+                 limits: Limits | dict | None = None, **env_kwargs: Any) -> None:
         """`name`: an env name as in env.name ("frozenlake", "python:pkg.mod:Class",
         "python:/path/file.py:Class"), resolved on the service's host; or `source` and
-        `class_name`: one self-contained module's text."""
+        `class_name`: one self-contained module's text. The hosted class gets `env_kwargs` (any
+        other keyword) and `kwargs`, which wins where both name the same argument."""
         limits = Limits(**limits) if isinstance(limits, dict) else limits
         super().__init__(url, token, limits)
         if name and name.startswith(PYTHON_PREFIX):  # a relative file is the caller's, not the service's cwd's
@@ -274,7 +293,7 @@ class HostedEnv(Sandbox):
             if (target.endswith(".py") or "/" in target) and os.path.isfile(target):
                 name = f"{PYTHON_PREFIX}{os.path.abspath(target)}:{cls}"
         try:
-            self.spec = EnvSpec(source=source, class_name=class_name, name=name, kwargs=kwargs or {},
+            self.spec = EnvSpec(source=source, class_name=class_name, name=name, kwargs={**env_kwargs, **(kwargs or {})},
                                 step_timeout_s=step_timeout_s, limits=limits)
         except ValueError as e:
             raise SandboxError(f"HostedEnv: {e.errors()[0]['msg']}") from None

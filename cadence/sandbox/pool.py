@@ -180,12 +180,16 @@ class Pool:
         self._set(slot, "dead", reason)
         self._starter.submit(self._fill)
 
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        return self._get(sandbox_id).info()
+    def get(self, sandbox_id: str, owner: str | None = None) -> SandboxInfo:
+        """`owner`: only that client's sandbox (another's is unknown to it); None: any."""
+        slot = self._get(sandbox_id)
+        if owner is not None and slot.owner != owner:
+            raise UnknownSandbox(f"no sandbox {sandbox_id!r} (released, reaped, or never created)")
+        return slot.info()
 
-    def list(self) -> list[SandboxInfo]:
+    def list(self, owner: str | None = None) -> list[SandboxInfo]:
         with self._lock:
-            return [s.info() for s in self._slots.values()]
+            return [s.info() for s in self._slots.values() if owner is None or s.owner == owner]
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(STATES, 0)

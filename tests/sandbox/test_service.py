@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,8 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cadence.sandbox import Limits, SandboxError, cgroup
+from cadence.sandbox.auth import UnsafeTokenPath
 from cadence.sandbox.cli import app
-from cadence.sandbox.client import AsyncSandbox, Sandbox
+from cadence.sandbox.client import AsyncSandbox, Sandbox, ServiceUnreachable
 from tests.sandbox.conftest import needs_bwrap
 from tests.sandbox.service import free_port, running_service
 
@@ -50,6 +53,90 @@ def test_token_file_is_private(service, tmp_path):
     token = write_token(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(token) >= 40
     assert token != write_token(path)  # a fresh token every start
+
+
+def test_token_file_is_never_written_where_others_can_plant_one(tmp_path):
+    """Issue 26 finding 5: in a folder another user could write, --token-file kept a pre-created
+    file's owner and followed a planted symlink (writing the token wherever it pointed)."""
+    from cadence.sandbox.server import write_token
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(UnsafeTokenPath, match="can be written by other users"):
+        write_token(str(shared / "token"))
+    assert not (shared / "token").exists()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs\n")
+    (private / "token").symlink_to(target)
+    with pytest.raises(UnsafeTokenPath, match="a link"):
+        write_token(str(private / "token"))
+    assert target.read_text() == "theirs\n"  # not followed
+    (private / "token").unlink()
+    (private / "token").write_text("planted\n")
+    os.chown(private / "token", 12345, 12345)
+    with pytest.raises(UnsafeTokenPath, match="owned by uid 12345"):
+        write_token(str(private / "token"))
+    (private / "token").unlink()
+    token = write_token(str(private / "token"))  # a private folder and no file: written, 0600
+    st = os.lstat(private / "token")
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    assert (private / "token").read_text() == token + "\n"
+
+
+def test_serve_refuses_an_unsafe_token_file_in_one_line(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    r = subprocess.run([sys.executable, "-m", "cadence.sandbox.server", "--token-file", str(shared / "token"),
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("cadence sandbox serve: --token-file")
+
+
+def test_numeric_fields_are_finite_and_bounded(service):
+    """Issue 26 finding 4: timeout_s 1e308 or Infinity passed validation, ran the command, and the
+    host's deadline arithmetic raised OverflowError (500). Now a 422 naming the field."""
+    url, token, _ = service
+    h = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    with Sandbox(url, token) as sb:
+        exec_url = f"{url}/v1/sandboxes/{sb.id}/exec"
+        for raw, says in [('{"cmd": "true", "timeout_s": 1e308}', "less than or equal to 86400"),
+                          ('{"cmd": "true", "timeout_s": Infinity}', "finite number"),
+                          ('{"cmd": "true", "timeout_s": NaN}', "finite number"),
+                          ('{"cmd": "true", "timeout_s": -Infinity}', "finite number")]:
+            r = httpx.post(exec_url, content=raw, headers=h)
+            assert r.status_code == 422, (raw, r.text)
+            assert r.json()["detail"].startswith("body.timeout_s: ") and says in r.json()["detail"], r.text
+        assert sb.exec("echo still fine").stdout == "still fine\n"
+    for limits in ({"cpu_s": 1e308}, {"wall_s": "Infinity"}, {"memory_mb": 10**30}, {"cpus": 1e9}):
+        r = httpx.post(f"{url}/v1/sandboxes", json={"limits": limits}, headers=h)
+        assert r.status_code == 422 and f"body.limits.{next(iter(limits))}" in r.json()["detail"], r.text
+    r = httpx.post(f"{url}/v1/envs", json={"name": "frozenlake", "step_timeout_s": 1e308}, headers=h)
+    assert r.status_code == 422 and "step_timeout_s" in r.json()["detail"]
+    r = httpx.get(f"{url}/v1/events", params={"limit": 10**30}, headers=h)
+    assert r.status_code == 422 and "query.limit" in r.json()["detail"]
+
+
+def test_request_bodies_over_the_limit_get_413(service):
+    """Issue 26 finding 5: no request-size limit (a 24 MiB body cost +96 MiB of service memory)."""
+    url, token, _ = service
+    h = {"Authorization": f"Bearer {token}"}
+    with Sandbox(url, token) as sb:
+        big = {"cmd": "wc -c", "stdin": "x" * (24 << 20)}
+        r = httpx.post(f"{url}/v1/sandboxes/{sb.id}/exec", json=big, headers=h, timeout=60)
+        assert r.status_code == 413 and "--max-body-mb" in r.json()["detail"]
+
+        def chunks():  # no Content-Length: refused once the chunks pass the limit
+            for _ in range(24):
+                yield b"x" * (1 << 20)
+
+        r = httpx.post(f"{url}/v1/sandboxes/{sb.id}/files", content=chunks(), headers=h, timeout=60)
+        assert r.status_code == 413
+        assert sb.exec("wc -c", stdin="x" * (1 << 20)).stdout.strip() == str(1 << 20)  # under it: fine
+        assert sb.write_file("f", b"y" * (4 << 20)) and len(sb.read_file("f")) == 4 << 20
 
 
 def test_sdk_sync_round_trip(service):
@@ -104,6 +191,57 @@ def test_errors_are_one_line_http_errors(service):
         assert r.status_code == 422 and "bogus" in r.text
 
 
+def admin_issues(url: str, token: str, name: str) -> str:
+    r = httpx.post(f"{url}/v1/clients", json={"name": name}, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    return r.json()["token"]
+
+
+def test_each_client_token_sees_and_acts_on_its_own_sandboxes_only(service):
+    """Issue 26 finding 5: one shared token let any client list, read and delete every other
+    client's sandboxes. A client token now sees its own; the admin token sees all."""
+    url, admin, _ = service
+    alice, bob = admin_issues(url, admin, "alice"), admin_issues(url, admin, "bob")
+    hb = {"Authorization": f"Bearer {bob}"}
+    with Sandbox(url, alice) as mine:
+        mine.write_file("secret.txt", "alice's")
+        base = f"{url}/v1/sandboxes/{mine.id}"
+        assert mine.id not in [s["id"] for s in httpx.get(f"{url}/v1/sandboxes", headers=hb).json()]
+        assert mine.id not in [s["id"] for s in httpx.get(f"{url}/v1/status", headers=hb).json()["sandboxes"]]
+        for method, path, kw in [("GET", "", {}), ("POST", "/exec", {"json": {"cmd": "cat secret.txt"}}),
+                                 ("GET", "/files", {"params": {"path": "secret.txt"}}),
+                                 ("POST", "/files", {"json": {"path": "x", "content": "y"}}), ("DELETE", "", {})]:
+            r = httpx.request(method, base + path, headers=hb, **kw)
+            assert r.status_code == 404 and "no sandbox" in r.json()["detail"], (method, path, r.text)
+        r = httpx.get(f"{url}/v1/events", params={"sandbox_id": mine.id}, headers=hb)
+        assert r.status_code == 404
+        assert httpx.get(f"{url}/v1/events", headers=hb).status_code == 400  # the whole log is the admin's
+        r = httpx.post(f"{url}/v1/clients", json={"name": "mallory"}, headers=hb)
+        assert r.status_code == 403 and "admin token" in r.json()["detail"]
+        assert mine.read_file("secret.txt") == b"alice's"  # untouched, and alice still has it
+        assert [s["id"] for s in httpx.get(f"{url}/v1/sandboxes", headers={"Authorization": f"Bearer {alice}"}).json()] == [mine.id]
+        listed = httpx.get(f"{url}/v1/sandboxes", headers={"Authorization": f"Bearer {admin}"}).json()
+        assert {"id": mine.id, "owner": "alice"}.items() <= next(s for s in listed if s["id"] == mine.id).items()
+        assert sorted(httpx.get(f"{url}/v1/clients", headers={"Authorization": f"Bearer {admin}"}).json()) >= ["alice", "bob"]
+        r = httpx.delete(f"{url}/v1/clients/alice", headers={"Authorization": f"Bearer {admin}"})
+        assert r.status_code == 200
+        r = httpx.get(base, headers={"Authorization": f"Bearer {alice}"})
+        assert r.status_code == 401  # revoked: the token is gone, and its sandboxes with it
+        assert httpx.get(base, headers={"Authorization": f"Bearer {admin}"}).status_code == 404
+        mine.id = None
+
+
+def test_issued_client_tokens_survive_a_restart_in_the_clients_file(tmp_path):
+    clients_file = tmp_path / "clients"
+    admin = "admin-token-for-this-test-0123456789abcdef"
+    with running_service(str(tmp_path), "--warm", "0", "--clients-file", str(clients_file), token=admin) as (url, _, _):
+        carol = admin_issues(url, admin, "carol")
+    assert stat.S_IMODE(os.stat(clients_file).st_mode) == 0o600 and f"carol {carol}" in clients_file.read_text()
+    with running_service(str(tmp_path), "--warm", "0", "--clients-file", str(clients_file), token=admin) as (url, _, _):
+        with Sandbox(url, carol) as sb:
+            assert sb.status().owner == "carol"
+
+
 def test_cli_ls_events_stop(service):
     url, token, _ = service
     token_file = os.path.join(os.path.dirname(service[2].args[service[2].args.index("--token-file") + 1]), "token")
@@ -156,12 +294,12 @@ def test_several_services_share_the_load(tmp_path):
 
 
 def test_sdk_waits_for_a_restarting_service(tmp_path):
-    """A refused connection reached nothing: the SDK retries it (up to CONNECT_WAIT_S), so a call
-    made while the service restarts goes through once it is back."""
+    """A refused connection reached nothing: with connect_wait_s the SDK retries it, so a call
+    made while the service (re)starts goes through once it is up."""
     port, token, out = free_port(), "restart-token-0123456789abcdef0123", {}
 
     def client() -> None:
-        with Sandbox(f"http://127.0.0.1:{port}", token) as sb:
+        with Sandbox(f"http://127.0.0.1:{port}", token, connect_wait_s=60) as sb:
             out["stdout"] = sb.exec("echo up").stdout
 
     thread = threading.Thread(target=client)
@@ -170,3 +308,23 @@ def test_sdk_waits_for_a_restarting_service(tmp_path):
     with running_service(str(tmp_path), "--warm", "0", port=port, token=token):
         thread.join(timeout=60)
     assert out.get("stdout") == "up\n"
+
+
+def test_sdk_without_a_service_fails_at_once_with_the_cli_hint(monkeypatch):
+    """Issue 28 item 11: the SDK without a running service retried for 10.8 s and ended in an
+    httpx traceback. It now tries once and says, in one line, what the CLI says."""
+    attempts = []
+    real = httpx.Client.request
+
+    def counting(self, method, url, **kw):
+        attempts.append(url)
+        return real(self, method, url, **kw)
+
+    monkeypatch.setattr(httpx.Client, "request", counting)
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceUnreachable) as info:
+        Sandbox(dead, "some-token").start()
+    msg = str(info.value)
+    assert msg == f"cannot reach the sandbox service at {dead} (ConnectError); is `cadence sandbox serve` running?"
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # no httpx traceback chained
+    assert len(attempts) == 1
