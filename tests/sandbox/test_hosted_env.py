@@ -296,3 +296,66 @@ def test_hosted_code_env_runs_snippets_on_the_same_interpreter(service):
         assert obs == f"stdout:\n{sys.version}\n{np.__version__}", obs
     finally:
         env.close()
+
+
+def test_a_plain_folder_is_never_mounted_as_a_hosted_env(tmp_path, monkeypatch):
+    """Issue 26 finding 5: a name whose top level is a plain folder (a namespace package: any
+    folder on sys.path) mounted all of that folder into the sandbox."""
+    from cadence.sandbox.hosted_env import EnvError, resolve_env
+
+    plain = tmp_path / "plainfolder"
+    plain.mkdir()
+    (plain / "env.py").write_text("class E:\n    pass\n")
+    (plain / "private_notes.txt").write_text("not for the sandbox")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvError, match="plain folder \\(no __init__.py\\), not a Python package"):
+        resolve_env("python:plainfolder.env:E")
+    (plain / "__init__.py").write_text("")  # a real package: that package is mounted
+    module, cls, mount = resolve_env("python:plainfolder.env:E")
+    assert (module, cls, mount.host) == ("plainfolder.env", "E", str(plain))
+    single = tmp_path / "single_env.py"
+    single.write_text("class S:\n    pass\n")
+    assert resolve_env(f"python:{single}:S")[2].host == str(single)  # a single file: that file
+
+
+def test_the_documented_hosted_frozenlake_config_runs(service, monkeypatch):
+    """Issue 28 item 4: docs/sandbox.md's `cadence train --config examples/frozenlake.yaml
+    env.name=python:cadence.sandbox.hosted_env:HostedEnv env.kwargs.name=frozenlake
+    env.kwargs.kwargs.rules=false env.kwargs.url=...` failed: the YAML's env.kwargs (rules,
+    neighbours) merged into HostedEnv's, which refused them. They pass through to the hosted class."""
+    from cadence.config import load_config
+    from cadence.envs.frozenlake import FrozenLakeEnv
+    from cadence.envs.registry import env_factory
+
+    url, token, _ = service
+    monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", token)  # as the docs say: the token from the environment
+    cfg = load_config("examples/frozenlake.yaml", [
+        "env.name=python:cadence.sandbox.hosted_env:HostedEnv", "env.kwargs.name=frozenlake",
+        "env.kwargs.kwargs.rules=false", f"env.kwargs.url={url}"])
+    env = env_factory(cfg.env)()
+    local = FrozenLakeEnv(rules=False, neighbours=True)
+    try:
+        assert env.spec.kwargs == {"rules": False, "neighbours": True}
+        obs, _ = env.reset(3)
+        assert obs == local.reset(3)[0] and "L:" in obs  # the neighbours line: the YAML's kwarg arrived
+        assert env.step("R") == local.step("R")
+    finally:
+        env.close()
+
+
+def test_another_clients_environment_is_not_there(service):
+    import httpx
+
+    url, admin, _ = service
+    tokens = {n: httpx.post(f"{url}/v1/clients", json={"name": n}, headers={"Authorization": f"Bearer {admin}"}).json()["token"]
+              for n in ("env-alice", "env-bob")}
+    env = HostedEnv(url, tokens["env-alice"], source=SOURCE, class_name="Counter").start()
+    try:
+        env.reset(1)
+        hb = {"Authorization": f"Bearer {tokens['env-bob']}"}
+        for method, path, body in [("POST", "/reset", {"seed": 0}), ("POST", "/step", {"action": "1"}), ("DELETE", "", None)]:
+            r = httpx.request(method, f"{url}/v1/envs/{env.id}{path}", json=body, headers=hb)
+            assert r.status_code == 404, (path, r.text)
+        assert env.step("1")[0] == "right"
+    finally:
+        env.close()
