@@ -166,13 +166,16 @@ def eval_(
 @app.command()
 def algorithms() -> None:
     """List policy losses and advantage estimators, one line each."""
-    from cadence.algo import advantages, losses
+    from cadence.algo import advantages, losses, mismatch
 
     typer.echo("policy losses (algorithm.loss=NAME):")
     for name, line in losses.describe().items():
         typer.echo(f"  {name:<16} {line}")
     typer.echo("advantage estimators (algorithm.advantage=NAME):")
     for name, line in advantages.describe().items():
+        typer.echo(f"  {name:<16} {line}")
+    typer.echo("off-policy corrections (algorithm.mismatch.mode=NAME; those that weight, not with losses weighted by mu):")
+    for name, line in mismatch.MODES.items():
         typer.echo(f"  {name:<16} {line}")
 
 
