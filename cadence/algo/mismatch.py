@@ -55,6 +55,21 @@ if TYPE_CHECKING:
     from cadence.algo.config import MismatchConfig
 
 
+# One line per `mismatch.mode`, for `cadence algorithms`; rho = pi_old/mu per token.
+MODES: dict[str, str] = {
+    "auto": "token for losses whose ratio is against pi_old, none for those weighted by mu (default)",
+    "none": "no correction: stale samples trained as if fresh",
+    "token": "times sg(min(rho_t, cap)) (Yao et al. 2025)",
+    "sequence": "times sg(min(rho_seq, cap)) for the whole sequence",
+    "mask": "drop tokens with rho_t outside [low, high]",
+    "sequence_mask": "drop sequences with rho_seq outside [low, high]",
+    "icepop": "IcePop (Ring-1T): times rho_t inside [0.5, 5], tokens outside dropped",
+    "seq_mis": "verl seq-mis: times prod_t rho_t, sequences above cap (2) dropped",
+    "geo_rs": "verl geo-rs: drop sequences with geometric-mean rho outside [0.999, 1.001] or a rho_t < 1e-4",
+    "m2po": "M2PO (Zheng et al. 2025): times rho_t, largest (log rho_t)^2 dropped until their mean <= 0.04",
+}
+
+
 @dataclass
 class MismatchCorrection:
     """Detached per-token multipliers for the per-token loss.

@@ -127,3 +127,17 @@ def test_mode_defaults_are_the_papers_and_an_explicit_value_wins():
     assert (geo.low, geo.high, geo.veto) == (0.999, 1.001, 1e-4)
     assert AlgorithmConfig(mismatch={"mode": "seq_mis"}).mismatch.sequence_ratio == "product"
     assert AlgorithmConfig(mismatch={"mode": "icepop", "high": 3.0}).mismatch.high == 3.0
+
+
+def test_cadence_algorithms_lists_every_mismatch_mode():
+    from typing import get_args
+
+    from typer.testing import CliRunner
+
+    from cadence.algo.config import MismatchConfig
+    from cadence.cli import app
+
+    modes = get_args(MismatchConfig.model_fields["mode"].annotation)
+    listing = CliRunner().invoke(app, ["algorithms"]).output
+    for mode in modes:
+        assert f"\n  {mode} " in listing, mode
