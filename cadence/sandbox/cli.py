@@ -33,6 +33,7 @@ def run(
     disk_mb: Annotated[int, typer.Option(help="Size of the workspace (and /tmp), MiB.")] = 256,
     cpu_s: Annotated[float, typer.Option(help="CPU seconds.")] = 30.0,
     wall_s: Annotated[float, typer.Option(help="Wall-clock seconds.")] = 30.0,
+    cpus: Annotated[float, typer.Option(help="CPU cores at once, for the whole sandbox (cgroup quota).")] = 1.0,
     python: Annotated[str | None, typer.Option(help="Interpreter inside the sandbox.")] = None,
     python_packages: Annotated[str, typer.Option(
         help="site: the interpreter's site-packages importable (read-only); none: standard library only.")] = "site",
@@ -50,7 +51,7 @@ def run(
         _fail("sandbox run: no command; give one after --, e.g. cadence sandbox run -- python3 -c 'print(1)'")
     try:
         limits = Limits(memory_mb=memory_mb, processes=processes, open_files=open_files,
-                        file_size_mb=file_size_mb, disk_mb=disk_mb, cpu_s=cpu_s, wall_s=wall_s)
+                        file_size_mb=file_size_mb, disk_mb=disk_mb, cpu_s=cpu_s, wall_s=wall_s, cpus=cpus)
     except ValueError as e:
         _fail(f"sandbox run: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
     stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
@@ -76,7 +77,11 @@ def run(
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8765,
-    token_file: Annotated[str | None, typer.Option(help="Where to write the bearer token (mode 0600).")] = None,
+    token_file: Annotated[str | None, typer.Option(
+        help="Where to write the admin bearer token (mode 0600, in a folder only you can write).")] = None,
+    clients_file: Annotated[str | None, typer.Option(
+        help="Client tokens, '<name> <token>' per line (mode 0600); `cadence sandbox client add` fills it.")] = None,
+    max_body_mb: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 20,
     events: Annotated[str | None, typer.Option(help="SQLite event log (kept across restarts).")] = None,
     warm: Annotated[int, typer.Option(help="Ready spares kept warm.")] = 2,
     max_size: Annotated[int, typer.Option(help="Leased sandboxes at most.")] = 64,
@@ -99,7 +104,7 @@ def serve(
                          events_path=events or os.path.join(server.DEFAULT_DIR, "events.db"))
     except ValueError as e:
         _fail(f"sandbox serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
-    server.serve(cfg, host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"))
+    server.serve(cfg, host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"), clients_file, max_body_mb)
 
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Service URL (default $CADENCE_SANDBOX_URL or http://127.0.0.1:8765).")]
@@ -145,7 +150,7 @@ def ls(url: UrlOpt = None, token_file: TokenOpt = None) -> None:
     typer.echo("  ".join(f"{k}={v}" for k, v in st["counts"].items()))
     for s in st["sandboxes"]:
         typer.echo(f"{s['id']}  {s['state']:<9} gen={s['generation']} execs={s['execs']} "
-                   f"replaced={s['replacements']}  {s['last_reason']}")
+                   f"replaced={s['replacements']} owner={s.get('owner') or '-'}  {s['last_reason']}")
 
 
 @app.command()
@@ -172,3 +177,30 @@ def stop(
     for sid in sandbox_ids:
         _get(url, token_file, "DELETE", f"/v1/sandboxes/{sid}")
         typer.echo(f"stopped {sid}")
+
+
+client_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Client tokens (admin token only): each client sees its own sandboxes.")
+app.add_typer(client_app, name="client")
+
+
+@client_app.command("add")
+def client_add(name: Annotated[str, typer.Argument(help="The client's name.")],
+               url: UrlOpt = None, token_file: TokenOpt = None) -> None:
+    """Issue a token for NAME (a new one replaces its old one); printed once, give it to the client."""
+    typer.echo(_get(url, token_file, "POST", "/v1/clients", json={"name": name})["token"])
+
+
+@client_app.command("ls")
+def client_ls(url: UrlOpt = None, token_file: TokenOpt = None) -> None:
+    """The clients that hold a token."""
+    for name in _get(url, token_file, "GET", "/v1/clients"):
+        typer.echo(name)
+
+
+@client_app.command("rm")
+def client_rm(name: Annotated[str, typer.Argument(help="The client's name.")],
+              url: UrlOpt = None, token_file: TokenOpt = None) -> None:
+    """Revoke NAME's token and stop its sandboxes."""
+    _get(url, token_file, "DELETE", f"/v1/clients/{name}")
+    typer.echo(f"revoked {name}")

@@ -40,6 +40,9 @@ def test_run_errors_are_one_line():
     assert r.returncode == 2 and "give one after --" in r.stderr and "Traceback" not in r.stderr
     r = cadence("run", "--memory-mb", "0", "--", "true")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "memory_mb" in r.stderr
+    for flag, value, field in [("--cpu-s", "inf", "cpu_s"), ("--wall-s", "1e308", "wall_s"), ("--cpus", "0", "cpus")]:
+        r = cadence("run", flag, value, "--", "true")
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and field in r.stderr, (flag, r.stderr)
 
 
 def test_run_python_packages_choice():

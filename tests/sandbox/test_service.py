@@ -259,6 +259,23 @@ def test_cli_ls_events_stop(service):
     assert out.exit_code == 2 and "is `cadence sandbox serve` running?" in out.stderr
 
 
+def test_cli_issues_lists_and_revokes_client_tokens(service):
+    url, admin, proc = service
+    token_file = proc.args[proc.args.index("--token-file") + 1]
+    runner = CliRunner()
+    out = runner.invoke(app, ["client", "add", "dave", "--url", url, "--token-file", token_file])
+    assert out.exit_code == 0, out.output
+    dave = out.stdout.strip()
+    with Sandbox(url, dave) as sb:
+        out = runner.invoke(app, ["ls", "--url", url, "--token-file", token_file])
+        assert f"{sb.id}  busy" in out.stdout and "owner=dave" in out.stdout
+        assert "dave" in runner.invoke(app, ["client", "ls", "--url", url, "--token-file", token_file]).stdout
+        out = runner.invoke(app, ["client", "rm", "dave", "--url", url, "--token-file", token_file])
+        assert out.exit_code == 0 and "revoked dave" in out.stdout
+        sb.id = None  # stopped with its token
+    assert "dave" not in runner.invoke(app, ["client", "ls", "--url", url, "--token-file", token_file]).stdout
+
+
 def test_sandbox_cannot_reach_or_kill_the_service(service):
     """Escape suite, service part: the service's port and process are out of reach, and it serves
     the next call."""
