@@ -158,11 +158,13 @@ def test_user_python_file_env_importing_numpy_is_hosted_and_sees_only_its_file(s
 
 def test_a_module_env_by_name_and_bad_names(service, tmp_path, monkeypatch):
     url, token, _ = service
-    env = HostedEnv(url, token, name="python:tests.agentic_envs:Parity").start()
+    env = HostedEnv(url, token, name="python:cadence.envs.frozenlake:FrozenLakeEnv").start()
     try:
         assert isinstance(env.reset(0)[0], str)
     finally:
         env.close()
+    with pytest.raises(SandboxError, match="'tests' is a plain folder"):  # a namespace folder: not mounted
+        HostedEnv(url, token, name="python:tests.agentic_envs:Parity").start()
     (tmp_path / "rel_env.py").write_text("from tests.agentic_envs import Parity as P\n"
                                          "class R:\n    def reset(self, seed):\n        return 'rel', {}\n"
                                          "    def step(self, a):\n        return '', 0.0, True, False, {}\n")
