@@ -5,12 +5,12 @@
         print(sb.exec(code="print(x + 1)", session=True).stdout)
 
 Given several service URLs, a new sandbox goes to the one with the fewest live sandboxes (its
-/v1/health), skipping services that do not answer. A service that was never reached fails at
-once with one line (`ServiceUnreachable`: is `cadence sandbox serve` running?), unless
-`connect_wait_s=` asks to wait for one still starting. Once reached, retried: anything whose
-request never reached the service (connection refused: for up to CONNECT_WAIT_S, so a
-restarting service is waited for), and idempotent reads and stops on 502/503/504 or a dropped
-connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
+/v1/health), skipping services that do not answer. A service this process never reached fails
+at once with one line (`ServiceUnreachable`: is `cadence sandbox serve` running?), unless
+`connect_wait_s=` asks to wait for one still starting. Once reached (by any client of this
+process), retried: anything whose request never reached the service (connection refused: for up
+to CONNECT_WAIT_S, so a restarting service is waited for), and idempotent reads and stops on
+502/503/504 or a dropped connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
 """
 
 from __future__ import annotations
@@ -54,9 +54,22 @@ class ServiceUnreachable(SandboxError):
     """Nothing answers at the service's URL."""
 
 
-def unreachable(url: str, exc: Exception) -> ServiceUnreachable:
+REACHED: set[str] = set()  # services (scheme://host:port) that answered a client of this process
+
+
+def service_of(url: str) -> str:
     where = httpx.URL(url)
-    return ServiceUnreachable(f"cannot reach the sandbox service at {where.scheme}://{where.netloc.decode()} "
+    return f"{where.scheme}://{where.netloc.decode()}"
+
+
+def connect_wait(url: str, first_contact_s: float) -> float:
+    """How long a refused connection to `url` is retried: CONNECT_WAIT_S for a service that
+    answered before (a restart), `first_contact_s` for one never reached (maybe not running)."""
+    return CONNECT_WAIT_S if service_of(url) in REACHED else first_contact_s
+
+
+def unreachable(url: str, exc: Exception) -> ServiceUnreachable:
+    return ServiceUnreachable(f"cannot reach the sandbox service at {service_of(url)} "
                               f"({type(exc).__name__}); is `cadence sandbox serve` running?")
 
 
@@ -94,19 +107,18 @@ class Sandbox:
         self.urls, token = resolve(url, token)
         self.limits = limits
         self.connect_wait_s = connect_wait_s
-        self.reached = False  # a service answered once: refused connections are then a restart
         self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
         self.id: str | None = None
 
     def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
         if connect_wait_s is None:
-            connect_wait_s = CONNECT_WAIT_S if self.reached else self.connect_wait_s
+            connect_wait_s = connect_wait(url, self.connect_wait_s)
         deadline, attempt = time.monotonic() + connect_wait_s, 0
         while True:
             try:
                 resp = self.http.request(method, url, **kw)
-                self.reached = True
+                REACHED.add(service_of(url))
             except httpx.ConnectError as e:  # nothing reached the service: always safe to retry
                 if time.monotonic() >= deadline:
                     raise unreachable(url, e) from None
@@ -136,7 +148,7 @@ class Sandbox:
         err: Exception | None = None
         for u in self._pick():
             try:
-                wait = self.connect_wait_s if len(self.urls) == 1 else 0.0  # else try the next service
+                wait = connect_wait(u, self.connect_wait_s) if len(self.urls) == 1 else 0.0  # else the next one
                 info = SandboxInfo(**self._req("POST", f"{u}/v1/sandboxes", wait, json=body).json())
             except (ServiceUnreachable, ServiceBusy) as e:  # down, or full: try the next service
                 err = e
@@ -199,19 +211,18 @@ class AsyncSandbox:
         self.urls, token = resolve(url, token)
         self.limits = limits
         self.connect_wait_s = connect_wait_s
-        self.reached = False
         self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
         self.id: str | None = None
 
     async def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
         if connect_wait_s is None:
-            connect_wait_s = CONNECT_WAIT_S if self.reached else self.connect_wait_s
+            connect_wait_s = connect_wait(url, self.connect_wait_s)
         deadline, attempt = time.monotonic() + connect_wait_s, 0
         while True:
             try:
                 resp = await self.http.request(method, url, **kw)
-                self.reached = True
+                REACHED.add(service_of(url))
             except httpx.ConnectError as e:
                 if time.monotonic() >= deadline:
                     raise unreachable(url, e) from None
@@ -241,7 +252,7 @@ class AsyncSandbox:
         err: Exception | None = None
         for u in await self._pick():
             try:
-                wait = self.connect_wait_s if len(self.urls) == 1 else 0.0
+                wait = connect_wait(u, self.connect_wait_s) if len(self.urls) == 1 else 0.0
                 info = SandboxInfo(**(await self._req("POST", f"{u}/v1/sandboxes", wait, json=body)).json())
             except (ServiceUnreachable, ServiceBusy) as e:
                 err = e
