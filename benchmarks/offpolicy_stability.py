@@ -1,6 +1,6 @@
 """Off-policy stability: held-out accuracy as samples grow stale, per policy loss (ROLL Flash's experiment).
 
-    python benchmarks/offpolicy_stability.py             # the documented grid (~30 min on 2 cores)
+    python benchmarks/offpolicy_stability.py             # the documented grid (~2.5 h on 2 cores)
     python benchmarks/offpolicy_stability.py --quick     # smoke run, writes only --out (a temp file)
 
 The setting ("carry"): the built-in model (cadence/assets/arith-tiny) on the
@@ -11,20 +11,33 @@ JSONL files this script writes (every carrying problem, 300 held out as test).
 The learning rate (3e-4, three times `cadence train`'s) moves the policy a lot
 per step, so a batch generated alpha versions ago is visibly off-policy.
 
-Grid: rollout.async_ratio alpha in {0, 2, 8} (inline runtime: generation runs
-in a background thread up to alpha policy versions ahead of training) x loss:
+Grid: rollout.async_ratio alpha in {0, 1, 2, 4, 8, 16} (inline runtime:
+generation runs in a background thread up to alpha policy versions ahead of
+training) x loss (`LOSSES`, the default grid; `EXTRA_LOSSES` by --losses):
 
   grpo, no correction    algorithm.loss=grpo algorithm.mismatch.mode=none
   grpo (default)         algorithm.loss=grpo: cadence's default behaviour weight,
                          truncated pi_old/mu (algorithm.mismatch.mode=auto)
-  tis, cispo, topr,      algorithm.loss=<name>: importance weights against mu,
-  decoupled_ppo          the engine's behaviour log-probs
+  topr, decoupled_ppo    algorithm.loss=<name>: importance weights against mu,
+                         the engine's behaviour log-probs (tis, cispo: extra)
+  grpo + icepop/seq_mis/ algorithm.mismatch.mode=<name>: the high-staleness
+  geo_rs/m2po            corrections of cadence/algo/offpolicy.py
+  topr + token mask      topr with tokens whose pi_old/mu is outside [0.5, 2] dropped
   asyppo, no correction  algorithm.name=asyppo algorithm.mismatch.mode=none
                          (the paper's PPO: only its two mini-critics)
+  asyppo + pi_old/mu     algorithm.name=asyppo with the default token weight
 
-x 3 seeds. Held-out greedy pass@1 every 10 steps (eval.every). Results go to
-docs/results/offpolicy_stability.json and .png and the table between the
-offpolicy markers of docs/async.md (benchmarks/offpolicy_stability_report.py).
+x 3 seeds. Held-out greedy pass@1 every 10 steps (eval.every); per run also the
+mean of the per-step offpolicy/* metrics (ESS, masked share, KL(mu || pi_old))
+and samples/s. Results go to docs/results/offpolicy_stability.json and .png
+and the tables between the offpolicy markers of docs/async.md
+(benchmarks/offpolicy_stability_report.py).
+
+Budget: 11 losses x 6 alphas x 3 seeds = 198 runs of 60 steps, 2 at a time
+with one torch thread each; the 2026-11-23 grid ran 85 s a run on average
+on this machine (2 busy cores), so 198 x 85 s / 2 = 2.3 h (AsyPPO's runs are
+slower and start first so the pool does not end on one). To stay under 3 h on
+a slower day, drop seeds or alphas (--seeds, --alphas), never steps.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -48,16 +62,28 @@ from harness import cpu_model, train_run  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "offpolicy_stability.json"
 DATA = ROOT / "runs" / "offpolicy-carry"
-ALPHAS = (0, 2, 8)
+ALPHAS = (0, 1, 2, 4, 8, 16)
 LOSSES: dict[str, list[str]] = {
     "grpo, no correction": ["algorithm.loss=grpo", "algorithm.mismatch.mode=none"],
     "grpo (default: pi_old/mu weight)": ["algorithm.loss=grpo"],
-    "tis": ["algorithm.loss=tis"],
-    "cispo": ["algorithm.loss=cispo"],
     "topr": ["algorithm.loss=topr"],
     "decoupled_ppo": ["algorithm.loss=decoupled_ppo"],
+    "grpo + icepop": ["algorithm.loss=grpo", "algorithm.mismatch.mode=icepop"],
+    "grpo + seq_mis": ["algorithm.loss=grpo", "algorithm.mismatch.mode=seq_mis"],
+    "grpo + geo_rs": ["algorithm.loss=grpo", "algorithm.mismatch.mode=geo_rs"],
+    "grpo + m2po": ["algorithm.loss=grpo", "algorithm.mismatch.mode=m2po"],
+    "topr + token mask": ["algorithm.loss=topr", "algorithm.mismatch.mode=mask"],
     "asyppo, no correction": ["algorithm.name=asyppo", "algorithm.mismatch.mode=none"],
+    "asyppo + pi_old/mu weight": ["algorithm.name=asyppo"],
 }
+# Measured on 2026-11-23 (docs/async.md), left out of the default grid to fit its budget.
+EXTRA_LOSSES: dict[str, list[str]] = {
+    "tis": ["algorithm.loss=tis"],
+    "cispo": ["algorithm.loss=cispo"],
+}
+ALL_LOSSES = {**LOSSES, **EXTRA_LOSSES}
+# Per-step metrics kept as their mean over a run's steps (cadence/algo/offpolicy_metrics.py).
+OFFPOLICY_METRICS = ("offpolicy/ess", "offpolicy/ess_seq", "offpolicy/masked_frac", "offpolicy/kl_mu_pi_old")
 SETTING = {"lr": 3e-4, "prompts_per_step": 8, "group_size": 8, "steps": 60, "eval_every": 10, "test_size": 300}
 QUICK = {"lr": 3e-4, "prompts_per_step": 4, "group_size": 4, "steps": 2, "eval_every": 1, "test_size": 16}
 TEST_PROBLEMS = 300
@@ -113,6 +139,7 @@ def run_cell(
     before = run.summary.eval_before.pass_at_1
     curve = [[0, before]] + [[r["step"], r["eval/pass@1"]] for r in run.records if "eval/pass@1" in r and r["step"] > 0]
     tail = steps[-max(1, len(steps) // 5):]
+    samples = steps[-1]["progress/samples_total"]
     return {
         "loss": loss,
         "alpha": alpha,
@@ -126,13 +153,18 @@ def run_cell(
         "reward_last": statistics.mean(r["reward/mean"] for r in tail),
         "train_seconds": run.summary.seconds,
         "wall_s": run.wall_s,
+        # Trained samples per second of step time (evaluations excluded; generation and training
+        # overlap at alpha > 0, which is the speed staleness buys).
+        "samples_per_s": samples / sum(r["time/step"] for r in steps),
+        **{name: statistics.mean(r.get(name, float("nan")) for r in steps) for name in OFFPOLICY_METRICS},
+        "ess_min": min(r.get("offpolicy/ess", float("nan")) for r in steps),
     }
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (loss, alpha): final pass@1 mean +- sd over seeds, the mean curve, staleness, time."""
     rows = []
-    order = [*LOSSES, *(r["loss"] for r in runs)]  # the grid's order; a loss added by hand goes last
+    order = [*ALL_LOSSES, *(r["loss"] for r in runs)]  # the grid's order; a loss added by hand goes last
     for loss in sorted({r["loss"] for r in runs}, key=order.index):
         for alpha in sorted({r["alpha"] for r in runs}):
             mine = sorted((r for r in runs if r["loss"] == loss and r["alpha"] == alpha), key=lambda r: r["seed"])
@@ -154,6 +186,9 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "staleness_mean": statistics.mean(r["staleness_mean"] for r in mine),
                 "reward_last": statistics.mean(r["reward_last"] for r in mine),
                 "wall_s": statistics.mean(r["wall_s"] for r in mine),
+                # Runs from before the offpolicy metrics existed have none: NaN, shown as "–".
+                **{key: statistics.mean(r.get(key, float("nan")) for r in mine)
+                   for key in ("samples_per_s", "ess_min", *OFFPOLICY_METRICS)},
             })
     return rows
 
@@ -182,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="2 steps, alpha 0 and 2, 1 seed; writes only --out")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--alphas", type=int, nargs="+", default=list(ALPHAS))
-    ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(ALL_LOSSES))
     ap.add_argument("--steps", type=int, default=SETTING["steps"])
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (1 torch thread each)")
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: docs/results/, not with --quick)")
@@ -201,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_carry_task(data)
     # Critic runs are the slowest: start them first so the pool does not end on one.
     cells = sorted(
-        ((loss, LOSSES[loss], alpha, seed) for seed in seeds for alpha in alphas for loss in args.losses),
+        ((loss, ALL_LOSSES[loss], alpha, seed) for seed in seeds for alpha in alphas for loss in args.losses),
         key=lambda c: (not c[0].startswith("asyppo"), c[3], c[2]),
     )
     began, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
@@ -213,10 +248,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "setting": setting,
         "seeds": seeds,
         "alphas": alphas,
-        "losses": {loss: LOSSES[loss] for loss in args.losses},
+        "losses": {loss: ALL_LOSSES[loss] for loss in args.losses},
         "wall_s": time.perf_counter() - t0,
         "load_avg": os.getloadavg()[0],
-        "command": "python benchmarks/offpolicy_stability.py" + (" --quick" if args.quick else ""),
+        "command": shlex.join(["python", "benchmarks/offpolicy_stability.py", *(sys.argv[1:] if argv is None else argv)]),
     }
     result = {"meta": meta, "runs": runs, "summary": summarise(runs)}
     out = args.out or (None if args.quick else RESULTS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,28 @@ def markdown_table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {a} | {statistics.mean(r['staleness_mean'] for r in rows):.2f} | "
             f"{statistics.mean(r['wall_s'] for r in rows):.0f} |"
+        )
+    return "\n".join(lines + ["", metrics_table(summary)])
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "–" if value is None or math.isnan(value) else format(value, spec)
+
+
+def metrics_table(summary: list[dict[str, Any]]) -> str:
+    """Per loss and alpha, beside the accuracy: the off-policy metrics (means over steps and
+    seeds) and the speed, so the speed-versus-staleness curve reads with its accuracy."""
+    lines = [
+        "| loss | alpha | pass@1 | ESS (token) | lowest ESS | ESS (sequence) | masked share | "
+        "KL(mu ‖ pi_old) | samples/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in summary:
+        lines.append(
+            f"| {row['loss']} | {row['alpha']} | {row['after_mean']:.3f} ± {row['after_sd']:.3f} | "
+            f"{_number(row.get('offpolicy/ess'), '.3f')} | {_number(row.get('ess_min'), '.3f')} | "
+            f"{_number(row.get('offpolicy/ess_seq'), '.3f')} | {_number(row.get('offpolicy/masked_frac'), '.3f')} | "
+            f"{_number(row.get('offpolicy/kl_mu_pi_old'), '.4f')} | {_number(row.get('samples_per_s'), '.1f')} |"
         )
     return "\n".join(lines)
 

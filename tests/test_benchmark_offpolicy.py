@@ -32,11 +32,13 @@ def test_carry_task_holds_every_carrying_problem_once_and_splits_them(bench, tmp
     assert bench.write_carry_task(tmp_path / "again")[1].read_text() == test.read_text()  # deterministic
 
 
-def _run(loss, alpha, seed, after, curve_mid=0.5):
+def _run(loss, alpha, seed, after, curve_mid=0.5, ess=1.0):
     curve = [[0, 0.2], [5, curve_mid], [10, after]]
     return {"loss": loss, "alpha": alpha, "seed": seed, "curve": curve, "before": 0.2, "after": after,
             "best": max(p for _, p in curve), "staleness_mean": alpha * 0.9, "reward_last": after,
-            "train_seconds": 1.0, "wall_s": 2.0 + alpha}
+            "train_seconds": 1.0, "wall_s": 2.0 + alpha, "samples_per_s": 10.0 + alpha, "ess_min": ess / 2,
+            "offpolicy/ess": ess, "offpolicy/ess_seq": ess / 4, "offpolicy/masked_frac": 0.1,
+            "offpolicy/kl_mu_pi_old": 0.01 * alpha}
 
 
 def test_summary_and_table(bench):
@@ -52,6 +54,28 @@ def test_summary_and_table(bench):
     table = report.markdown_table({"meta": meta, "summary": bench.summarise(runs)})
     assert "| grpo | 0.800 ± 0.141 (0.90 / 0.70) | 0.200 ± 0.141 (0.10 / 0.30) |" in table
     assert "| 8 | 7.20 | 10 |" in table  # staleness and run time per alpha
+    # The off-policy metrics and speed beside the accuracy, one row per loss and alpha.
+    assert "| grpo | 8 | 0.200 ± 0.141 | 1.000 | 0.500 | 0.250 | 0.100 | 0.0800 | 18.0 |" in table
+
+
+def test_summary_of_runs_from_before_the_offpolicy_metrics_shows_dashes(bench):
+    report = load_benchmark("offpolicy_stability_report")
+    old = {k: v for k, v in _run("grpo", 2, 0, 0.5).items() if k not in ("samples_per_s", "ess_min")
+           and not k.startswith("offpolicy/")}
+    rows = bench.summarise([old])
+    assert "| grpo | 2 | 0.500 ± 0.000 | – | – | – | – | – | – |" in report.metrics_table(rows)
+
+
+def test_default_grid_fits_its_budget(bench, tmp_path):
+    # Every alpha the issue asks for, and 3 seeds of every loss at ~85 s a run, 2 at a time, under 3 h.
+    assert bench.ALPHAS == (0, 1, 2, 4, 8, 16)
+    runs = len(bench.ALPHAS) * len(bench.LOSSES) * 3
+    assert runs * 85 / 2 < 3 * 3600
+    from cadence.config import load_config
+
+    bench.write_carry_task(tmp_path)
+    for algo in bench.ALL_LOSSES.values():  # every cell is a valid config
+        load_config(None, bench.overrides(algo, 8, 0, bench.SETTING, tmp_path))
 
 
 @pytest.mark.slow
@@ -62,6 +86,8 @@ def test_quick_grid_has_every_cell(tmp_path):
     bench = load_benchmark("offpolicy_stability")
     cells = {(r["loss"], r["alpha"]) for r in result["runs"]}
     assert cells == {(loss, alpha) for loss in bench.LOSSES for alpha in (0, 2)}
+    for r in result["runs"]:  # the trainer's offpolicy/* metrics reached metrics.jsonl
+        assert 0.0 < r["offpolicy/ess"] <= 1.0 and 0.0 <= r["offpolicy/masked_frac"] <= 1.0 and r["samples_per_s"] > 0
     befores = {r["before"] for r in result["runs"]}
     assert len(befores) == 1  # greedy evaluation of the same starting model, whatever the loss
     for r in result["runs"]:
