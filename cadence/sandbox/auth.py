@@ -21,9 +21,15 @@ import threading
 
 from starlette.responses import JSONResponse
 
+from cadence.sandbox.models import SandboxError
+
 ADMIN = "admin"
 CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_MAX_BODY_MB = 20  # a 16 MiB read's worth of base64 (21.3 MB) does not fit: writes take 15 MiB
+
+
+class AdminOnly(SandboxError):
+    """A call only the admin token may make (HTTP 403)."""
 
 
 class UnsafeTokenPath(ValueError):

@@ -35,7 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cadence.sandbox.auth import owner_filter
+from cadence.sandbox.auth import AdminOnly, owner_filter
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.isolation import CODE_ROOT, Mount
 from cadence.sandbox.models import MAX_SECONDS, ExecRequest, Limits, SandboxDied, SandboxError
@@ -258,6 +258,10 @@ def add_env_routes(app: FastAPI, host: EnvHost) -> None:
 
     @app.post("/v1/envs")
     def make(request: Request, spec: EnvSpec) -> dict:
+        if spec.name and spec.name.startswith(PYTHON_PREFIX) and owner_filter(request) is not None:
+            # It shows the sandbox a file or package of the service's host, read with its rights.
+            raise AdminOnly("a python: environment name mounts host code: admin token only; "
+                            "a client sends the module's source (source, class_name) or names a built-in")
         return {"id": host.make(spec, request.state.client)}
 
     @app.post("/v1/envs/{env_id}/reset")

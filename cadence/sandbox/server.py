@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cadence.sandbox.auth import (
     ADMIN,
     DEFAULT_MAX_BODY_MB,
+    AdminOnly,
     BearerAuth,
     BodyLimit,
     Clients,
@@ -78,10 +79,6 @@ class Status(BaseModel):
 class ClientRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-
-
-class AdminOnly(SandboxError):
-    """A call only the admin token may make."""
 
 
 def client_of(request: Request) -> str:

@@ -359,5 +359,9 @@ def test_another_clients_environment_is_not_there(service):
             r = httpx.request(method, f"{url}/v1/envs/{env.id}{path}", json=body, headers=hb)
             assert r.status_code == 404, (path, r.text)
         assert env.step("1")[0] == "right"
+        with pytest.raises(SandboxError, match="403 a python: environment name mounts host code: admin token only"):
+            HostedEnv(url, tokens["env-bob"], name="python:cadence.envs.frozenlake:FrozenLakeEnv").start()
+        bob_lake = HostedEnv(url, tokens["env-bob"], name="frozenlake").start()  # a built-in: fine
+        bob_lake.close()
     finally:
         env.close()
