@@ -295,8 +295,10 @@ def tis_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     under-weighted cannot blow up the update. mu is the engine's log-prob of the
     sampled token, so the same weight corrects both staleness (mu from an older
     version) and the engine-vs-trainer mismatch. With one update per batch
-    pi_old is pi_theta itself and w = pi_theta / mu; ROLL's "tis" (w clamped to
-    [0, 1]) is this loss with tis_cap=1.
+    pi_old is pi_theta itself and w = pi_theta / mu. ROLL's "tis" is not this
+    loss with tis_cap=1: its ratio is pi_theta over the trainer's pi_old
+    (1 with one update per batch); this loss is ROLL's vanilla loss times its
+    train-inference weight pi_old / mu.
     """
     log_w = (inp.old_logprobs - inp.behaviour_logprobs).detach()
     weight = torch.exp(log_w.clamp(max=math.log(cfg.tis_cap)))

@@ -44,7 +44,7 @@ def test_tis_weights_by_pi_old_over_mu_truncated_at_c():
     expected = (-2.0 * 1.0 * math.log(0.75) - 1.25 * -2.0 * math.log(0.4)) / 2
     assert out.loss.item() == pytest.approx(expected)
     assert out.metrics["clip_fraction"] == pytest.approx(0.5)  # the 2.5 was truncated
-    # ROLL's variant is the same loss with C = 1: min([2.5, 1.25], 1) = [1, 1].
+    # With C = 1: min([2.5, 1.25], 1) = [1, 1] (not ROLL's tis, whose ratio is against pi_old, not mu).
     _, grad = loss_and_grad(inp, AlgorithmConfig(loss="tis", tis_cap=1.0))
     assert torch.allclose(grad, T([[-0.5, 1.0]]))
 
