@@ -285,13 +285,13 @@ class HostedEnv(Sandbox):
     def __init__(self, url: str | list[str] | None = None, token: str | None = None, *,
                  name: str | None = None, source: str | None = None, class_name: str | None = None,
                  kwargs: dict | None = None, step_timeout_s: float = 30.0,
-                 limits: Limits | dict | None = None, **env_kwargs: Any) -> None:
+                 limits: Limits | dict | None = None, connect_wait_s: float = 0.0, **env_kwargs: Any) -> None:
         """`name`: an env name as in env.name ("frozenlake", "python:pkg.mod:Class",
         "python:/path/file.py:Class"), resolved on the service's host; or `source` and
         `class_name`: one self-contained module's text. The hosted class gets `env_kwargs` (any
         other keyword) and `kwargs`, which wins where both name the same argument."""
         limits = Limits(**limits) if isinstance(limits, dict) else limits
-        super().__init__(url, token, limits)
+        super().__init__(url, token, limits, connect_wait_s=connect_wait_s)
         if name and name.startswith(PYTHON_PREFIX):  # a relative file is the caller's, not the service's cwd's
             target, _, cls = name[len(PYTHON_PREFIX):].rpartition(":")
             if (target.endswith(".py") or "/" in target) and os.path.isfile(target):
