@@ -27,9 +27,16 @@ def curve_series(
     return out
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("reward/mean", "reward/accuracy")) -> Path:
+def held_out_label(episodes: bool) -> str:
+    """What held-out evaluation measures, as the docs name it: episodes solved, or answers right."""
+    return "held-out success" if episodes else "held-out pass@1"
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("reward/mean", "reward/accuracy"),
+                held_out_name: str = "held-out pass@1") -> Path:
     """Training reward and accuracy against step (raw and moving average), and held-out
-    pass@1 (`eval/pass@1`: before training at step 0, every `eval.every` steps, after)."""
+    pass@1 (`eval/pass@1`: before training at step 0, every `eval.every` steps, after),
+    labelled `held_out_name`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,7 +51,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, keys: tuple[str, ...]
     held_out = [(r["step"], r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
     if held_out:
         steps, values = zip(*held_out, strict=True)
-        ax.plot(steps, values, "o-", color="black", linewidth=1.5, markersize=4, label="held-out pass@1")
+        ax.plot(steps, values, "o-", color="black", linewidth=1.5, markersize=4, label=held_out_name)
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title("cadence: reward and accuracy during training")
