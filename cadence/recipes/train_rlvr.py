@@ -15,14 +15,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.flat_rewards import FlatRewardWatch
 from cadence.observe.metrics import MetricsLogger, read_jsonl
-from cadence.observe.report import plot_curves, print_summary
+from cadence.observe.progress import TrainingBar
+from cadence.observe.report import held_out_label, plot_curves, print_summary
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
@@ -142,7 +142,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         print(f"resumed from step {start_step} ({run_dir})")
     elif cfg.eval.before:
         eval_before = workers.evaluate(cfg.eval.samples)
-        print(f"held-out pass@1 before training: {eval_before.pass_at_1:.3f}")
+        print(f"{held_out_label(cfg.env is not None)} before training: {eval_before.pass_at_1:.3f}")
         _check_rewards(workers, reward_errors, 0)
     progress["step"] = start_step
 
@@ -161,7 +161,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     workers.start()
     began = time.perf_counter()
     eval_seconds = 0.0  # held-out evaluation inside the loop: not training time
-    bar = tqdm(
+    bar = TrainingBar(  # its ETA leaves out the first step's warm-up
         range(start_step + 1, cfg.trainer.steps + 1),
         initial=start_step,
         total=cfg.trainer.steps,
@@ -256,7 +256,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     logger.close()
     records = read_jsonl(run_dir / "metrics.jsonl")
     if records:
-        plot_curves(records, run_dir / "reward_curve.png")
+        plot_curves(records, run_dir / "reward_curve.png", held_out_name=held_out_label(cfg.env is not None))
     split = measured_split(
         records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
     )
@@ -316,9 +316,9 @@ def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, roll
         ("stale groups dropped", str(int(rollout.get("buffer/dropped_groups", 0)))),
     ]
     if before is not None:
-        rows.append(("held-out pass@1 before", f"{before.pass_at_1:.3f}"))
+        rows.append((f"{held_out_label(cfg.env is not None)} before", f"{before.pass_at_1:.3f}"))
     if after is not None:
-        rows.append(("held-out pass@1 after", f"{after.pass_at_1:.3f}"))
+        rows.append((f"{held_out_label(cfg.env is not None)} after", f"{after.pass_at_1:.3f}"))
     if before is not None and after is not None:
         rows.append(("change", f"{100 * (after.pass_at_1 - before.pass_at_1):+.1f} points"))
     if split is not None:
