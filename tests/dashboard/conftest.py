@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,25 @@ def runs_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     write_run(root, "done", steps=5)
     return root
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium, driven by playwright (no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    from cadence.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """shots(page, name): a full-page screenshot into $CADENCE_TEST_ARTIFACTS or a temporary folder."""
+    folder = Path(os.environ.get("CADENCE_TEST_ARTIFACTS") or tmp_path_factory.mktemp("dashboard-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\ndashboard screenshots: {folder}")
+    return lambda page, name: page.screenshot(path=str(folder / f"{name}.png"), full_page=True)

@@ -1,11 +1,11 @@
 """The dashboard in a real headless browser (Debian's chromium driven by playwright): a run
 appears and its chart grows while it trains, a failed run shows its error, a sample opens
 token by token, and a killed sandbox's restart shows up. Screenshots go to the folder printed
-at the start (pytest's temporary folder, or $CADENCE_TEST_ARTIFACTS)."""
+at the start (pytest's temporary folder, or $CADENCE_TEST_ARTIFACTS); the `browser` and `shots`
+fixtures are in conftest.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +16,6 @@ import pytest
 
 from cadence.dashboard.app import create_app
 from cadence.dashboard.sandboxes import SandboxService
-from cadence.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
 from cadence.sandbox.client import Sandbox
 from tests.dashboard.serving import serving
 from tests.quick_run import QUICK_RUN
@@ -27,24 +26,6 @@ pytestmark = pytest.mark.slow
 # Generous: a loaded 2-core machine takes tens of seconds to import torch and load a model.
 WAIT_MS = 150_000
 POINTS = "(id, name) => { const d = document.getElementById(id); const t = d && d.data && d.data.find((t) => t.name === name); return t ? t.x.length : 0; }"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    folder = Path(os.environ.get("CADENCE_TEST_ARTIFACTS") or tmp_path_factory.mktemp("dashboard-screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\ndashboard screenshots: {folder}")
-    return lambda page, name: page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
 
 
 def start_run(root: Path, name: str, *overrides: str) -> subprocess.Popen:

@@ -13,16 +13,34 @@ const CHARTS = [
   ["tokens", "tokens/s", [/^perf\/tokens_per_s$/]],
   ["stale", "staleness (versions behind)", [/^train\/staleness_(mean|max)$/]],
 ];
-const LAYOUT = { margin: { l: 48, r: 10, t: 28, b: 30 }, legend: { orientation: "h", y: -0.18, font: { size: 10 } },
-                 font: { size: 11 }, xaxis: { title: { text: "step", standoff: 2 } } };
+// Axes: "~g" ticks read 0.0001, 12000 and 4e-13 as such (plotly's default SI prefixes gave "400f" for a KL
+// of 4e-13 and "100μ" for 1e-4). The mode bar stands upright in the right margin: across the top it
+// covered the chart's title.
+const YAXIS = { tickformat: "~g" };
+const LAYOUT = { margin: { l: 52, r: 34, t: 28, b: 30 }, legend: { orientation: "h", y: -0.18, font: { size: 10 } },
+                 font: { size: 11 }, xaxis: { title: { text: "step", standoff: 2 } }, yaxis: YAXIS,
+                 modebar: { orientation: "v" } };
 const CONFIG = { displaylogo: false, responsive: true };
+// Plotly reads a little markup in titles, legends and hover text (<b>, <a href>): text from run files is escaped.
+const title = (text) => ({ text: esc(text), x: 0, xref: "paper", xanchor: "left", font: { size: 12 } });
+// reward/accuracy equals reward/mean whenever rewards are 0/1: drawn dashed over the solid mean, both stay visible.
+const TRACE_STYLE = { "reward/accuracy": { line: { dash: "dash", width: 3 } } };
 const COLORS = { generating: "#3d8bfd", waiting: "#c9ced8", training: "#e8743b", weight_sync: "#9b59b6",
                  evaluating: "#19a979", checkpointing: "#7f8c8d", logging: "#e6d36a" };
 
 const state = { run: null, keys: {}, rows: 0, gen: 0, source: null, tab: "charts", group: null };
 const $ = (id) => document.getElementById(id);
-const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
-const fmt = (v, d = 3) => (v === null || v === undefined ? "" : typeof v === "number" ? +v.toFixed(d) : v);
+
+// Markup is built only with the `html` template tag: every value put into it is escaped (run files
+// are written by the policy under training, hand edits and other tools: any field may hold markup),
+// except the result of another `html` (already escaped) or an array of such results.
+class Html { constructor(s) { this.s = s; } }
+// (Numeric entities for quotes: plotly, which is given escaped text too, decodes those but not &quot;.)
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;" }[c]));
+const part = (v) => v instanceof Html ? v.s : Array.isArray(v) ? v.map(part).join("") : esc(v);
+const html = (strings, ...values) => new Html(strings.reduce((out, s, i) => out + part(values[i - 1]) + s));
+const setHtml = (el, h) => { if (!(h instanceof Html)) throw new TypeError("setHtml takes html`...`"); el.innerHTML = h.s; };
+const fmt = (v, d = 3) => (typeof v === "number" && Number.isFinite(v) ? +v.toFixed(d) : v ?? "");
 const plotlyReady = new Promise((resolve) => {
   if (window.Plotly) resolve(); else $("plotly-js").addEventListener("load", resolve);
 });
@@ -31,10 +49,10 @@ const api = async (path) => { const r = await fetch(path); if (!r.ok) throw new 
 // ---- runs list ------------------------------------------------------------------------
 function renderRuns(runs) {
   $("runs-empty").hidden = runs.length > 0;
-  $("runs-table").querySelector("tbody").innerHTML = runs.map((r) =>
-    `<tr data-run="${esc(r.name)}" class="${r.name === state.run ? "sel" : ""}" title="${esc(r.error || "")}">
-      <td>${esc(r.name)}</td><td><span class="state ${esc(r.state)}">${esc(r.state)}</span></td>
-      <td>${r.step}${r.steps ? "/" + r.steps : ""}</td><td>${fmt(r.reward)}</td></tr>`).join("");
+  setHtml($("runs-table").querySelector("tbody"), html`${runs.map((r) =>
+    html`<tr data-run="${r.name}" class="${r.name === state.run ? "sel" : ""}" title="${r.error || ""}">
+      <td>${r.name}</td><td><span class="state ${r.state}">${r.state}</span></td>
+      <td>${r.step ?? ""}${r.steps ? "/" + r.steps : ""}</td><td>${fmt(r.reward)}</td></tr>`)}`);
   const mine = runs.find((r) => r.name === state.run);
   if (mine) showStatus(mine);
 }
@@ -47,7 +65,7 @@ function showStatus(r) {
   const el = $("run-state");
   state.credit = r.credit;
   if (el.textContent !== r.state) { el.textContent = r.state; el.className = "state " + r.state; if (r.state !== "running") loadDetails(); }
-  $("run-step").textContent = `step ${r.step}${r.steps ? " of " + r.steps : ""}`;
+  $("run-step").textContent = `step ${r.step ?? "?"}${r.steps ? " of " + r.steps : ""}`;
 }
 
 // ---- one run ------------------------------------------------------------------------
@@ -69,14 +87,14 @@ async function loadCharts() {
   const data = await api(`/api/runs/${encodeURIComponent(state.run)}/metrics?match=${encodeURIComponent(match)}`);
   state.rows = data.rows; state.gen = data.generation;
   const keys = Object.keys(data.series);
-  $("charts").innerHTML = "";
-  for (const [id, title, patterns] of CHARTS) {
+  $("charts").replaceChildren();
+  for (const [id, chartTitle, patterns] of CHARTS) {
     const mine = keys.filter((k) => patterns.some((p) => p.test(k)));
     if (!mine.length && id !== "reward") continue;
     const div = document.createElement("div"); div.id = "chart-" + id; $("charts").appendChild(div);
     state.keys[id] = mine;
-    const traces = mine.map((k) => ({ x: data.series[k].x, y: data.series[k].y, name: k, mode: "lines", type: "scatter" }));
-    Plotly.newPlot(div, traces, { ...LAYOUT, title: { text: title, font: { size: 12 } } }, CONFIG);
+    const traces = mine.map((k) => ({ x: data.series[k].x, y: data.series[k].y, name: k, mode: "lines", type: "scatter", ...TRACE_STYLE[k] }));
+    Plotly.newPlot(div, traces, { ...LAYOUT, title: title(chartTitle) }, CONFIG);
   }
 }
 
@@ -100,12 +118,12 @@ async function loadDetails() {
   $("run-error-text").textContent = st.error || "";
   $("run-traceback").textContent = st.traceback || "";
   const s = d.summary;
-  $("details").innerHTML =
-    (s ? `<div class="card"><b>summary</b><pre>${esc(JSON.stringify(s, null, 2))}</pre></div>` : "") +
-    `<div class="card"><b>checkpoints</b> ${d.checkpoints.map(esc).join(", ") || "<span class=muted>none</span>"}</div>` +
-    (d.reward_errors ? `<div class="card"><b class="fail">reward errors</b><pre>${esc(d.reward_errors)}</pre></div>` : "") +
-    (d.resume_changes ? `<div class="card"><b>resume changes</b><pre>${esc(d.resume_changes)}</pre></div>` : "") +
-    `<div class="card"><b>config.yaml</b><pre>${esc(d.config || "")}</pre></div>`;
+  setHtml($("details"), html`
+    ${s ? html`<div class="card"><b>summary</b><pre>${JSON.stringify(s, null, 2)}</pre></div>` : ""}
+    <div class="card"><b>checkpoints</b> ${d.checkpoints.join(", ") || html`<span class=muted>none</span>`}</div>
+    ${d.reward_errors ? html`<div class="card"><b class="fail">reward errors</b><pre>${d.reward_errors}</pre></div>` : ""}
+    ${d.resume_changes ? html`<div class="card"><b>resume changes</b><pre>${d.resume_changes}</pre></div>` : ""}
+    <div class="card"><b>config.yaml</b><pre>${d.config || ""}</pre></div>`);
 }
 
 // ---- pipeline --------------------------------------------------------------------------
@@ -119,49 +137,48 @@ async function loadPipeline() {
     const b = byState[s.state];
     b.base.push((s.t0 - t.now)); b.x.push(s.t1 - s.t0); b.y.push(a); b.text.push(s.step !== undefined ? `step ${s.step}` : "");
   }
-  const bars = Object.entries(byState).map(([name, b]) => ({ type: "bar", orientation: "h", name, ...b,
-    marker: { color: COLORS[name] || "#888" }, textposition: "none", hovertemplate: "%{y} " + name + " %{x:.3f}s %{text}<extra></extra>" }));
-  Plotly.react("timeline", bars, { ...LAYOUT, barmode: "overlay", title: { text: "pipeline timeline (seconds before the latest event)", font: { size: 12 } },
-    xaxis: { title: { text: "s" } }, yaxis: { categoryorder: "array", categoryarray: actors }, legend: { orientation: "h", y: -0.2 } }, CONFIG);
+  const bars = Object.entries(byState).map(([name, b]) => ({ type: "bar", orientation: "h", name: esc(name), ...b, y: b.y.map(esc),
+    marker: { color: Object.hasOwn(COLORS, name) ? COLORS[name] : "#888" }, textposition: "none",
+    hovertemplate: "%{y} " + esc(name) + " %{x:.3f}s %{text}<extra></extra>" }));
+  Plotly.react("timeline", bars, { ...LAYOUT, barmode: "overlay", title: title("pipeline timeline (seconds before the latest event)"),
+    xaxis: { title: { text: "s" } }, yaxis: { categoryorder: "array", categoryarray: actors.map(esc) }, legend: { orientation: "h", y: -0.2 } }, CONFIG);
   const ks = Object.keys(t.staleness);
   const shapes = t.alpha === null ? [] : [{ type: "line", x0: t.alpha + 0.5, x1: t.alpha + 0.5, yref: "paper", y0: 0, y1: 1, line: { color: "#a1231b", dash: "dash" } }];
   Plotly.react("staleness", [{ type: "bar", x: ks.map(Number), y: ks.map((k) => t.staleness[k]), marker: { color: "#3d8bfd" } }],
-    { ...LAYOUT, shapes, title: { text: `staleness of trained samples (alpha = ${t.alpha ?? "?"})`, font: { size: 12 } }, xaxis: { title: { text: "versions behind", standoff: 2 }, dtick: 1 } }, CONFIG);
+    { ...LAYOUT, shapes, title: title(`staleness of trained samples (alpha = ${t.alpha ?? "?"})`), xaxis: { title: { text: "versions behind", standoff: 2 }, dtick: 1 } }, CONFIG);
   const m = await api(`/api/runs/${encodeURIComponent(state.run)}/metrics?keys=buffer/depth_groups,rollout/in_flight_groups,rollout/engine_busy_fraction&max_points=1000`);
   const line = (k) => ({ x: m.series[k].x, y: m.series[k].y, name: k, mode: "lines" });
   Plotly.react("queue", ["buffer/depth_groups", "rollout/in_flight_groups"].filter((k) => m.series[k].x.length).map(line),
-    { ...LAYOUT, title: { text: "queue depth (groups)", font: { size: 12 } } }, CONFIG);
-  Plotly.react("busy", [line("rollout/engine_busy_fraction")], { ...LAYOUT, title: { text: "engine busy fraction", font: { size: 12 } }, yaxis: { range: [0, 1] } }, CONFIG);
+    { ...LAYOUT, title: title("queue depth (groups)") }, CONFIG);
+  Plotly.react("busy", [line("rollout/engine_busy_fraction")], { ...LAYOUT, title: title("engine busy fraction"), yaxis: { ...YAXIS, range: [0, 1] } }, CONFIG);
 }
 
 // ---- samples and episodes -----------------------------------------------------------------
 async function loadGroups() {
   const groups = await api(`/api/runs/${encodeURIComponent(state.run)}/samples`);
-  $("groups").innerHTML = groups.length ? groups.map((g) =>
-    `<div class="item" data-step="${g.step}" data-group="${g.group_id}"><b>step ${g.step}</b> group ${g.group_id}
-      ${g.turns > 1 ? `<span class="muted">${g.turns} turns</span>` : ""}<br>
-      <span class="prompt">${esc(g.prompt.slice(0, 80))}</span><br>
-      <span class="muted">rewards ${g.rewards.map((r) => fmt(r, 2)).join(" ")} · versions ${[...new Set(g.versions)].join(",")}</span></div>`).join("")
-    : `<p class="muted">no samples logged (logging.samples_every=0?)</p>`;
+  setHtml($("groups"), groups.length ? html`${groups.map((g) =>
+    html`<div class="item" data-step="${g.step}" data-group="${g.group_id}"><b>step ${g.step}</b> group ${g.group_id}
+      ${g.turns > 1 ? html`<span class="muted">${g.turns} turns</span>` : ""}<br>
+      <span class="prompt">${String(g.prompt).slice(0, 80)}</span><br>
+      <span class="muted">rewards ${g.rewards.map((r) => fmt(r, 2)).join(" ")} · versions ${[...new Set(g.versions)].join(",")}</span></div>`)}`
+    : html`<p class="muted">no samples logged (logging.samples_every=0?)</p>`);
 }
 $("groups").addEventListener("click", async (e) => {
   const it = e.target.closest(".item"); if (!it) return;
   document.querySelectorAll("#groups .item").forEach((x) => x.classList.toggle("sel", x === it));
   state.group = { step: it.dataset.step, group: it.dataset.group };  // the list may redraw; this stays
-  const samples = await api(`/api/runs/${encodeURIComponent(state.run)}/samples/${it.dataset.step}/${it.dataset.group}`);
-  $("group").innerHTML = `<div class="card"><b>prompt</b><div class="prompt">${esc(samples[0].prompt)}</div></div>` +
-    samples.map((s) => `<div class="sample"><div class="meta">#${s.index} · reward <b>${fmt(s.reward)}</b> · version ${s.version}` +
-      `${s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${esc(s.finish_reason)}` +
-      `${s.reward_error ? ` · <span class="fail">${esc(s.reward_error)}</span>` : ""}</div>` +
-      s.turns.map((t) => `<div class="turn ${t.role}">` + t.tokens.map((tok, i) => t.role === "env" ? `<span class="tok" title="observation: no loss">${esc(tok)}</span>` :
-        `<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${esc(tok)}</span>`).join("") +
-        (t.reward !== undefined ? ` <span class="muted turn-reward">turn reward ${fmt(t.reward)}</span>` : "") + "</div>").join("") +
-      "</div>").join("") +
-    `<p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`;
-  if (["local", "global", "coupled"].includes(state.credit)) {
-    $("group").querySelectorAll(".sample").forEach((el, i) => el.insertAdjacentHTML("beforeend",
-      `<button class="rhythm-btn" data-index="${samples[i].index}">WAAD / FAI</button><div class="rhythm"><div class="rhythm-plot"></div><div class="rhythm-tokens"></div></div>`));
-  }
+  const samples = await api(`/api/runs/${encodeURIComponent(state.run)}/samples/${encodeURIComponent(it.dataset.step)}/${encodeURIComponent(it.dataset.group)}`);
+  const rhythm = ["local", "global", "coupled"].includes(state.credit);
+  setHtml($("group"), html`<div class="card"><b>prompt</b><div class="prompt">${samples[0].prompt}</div></div>
+    ${samples.map((s) => html`<div class="sample"><div class="meta">#${s.index} · reward <b>${fmt(s.reward)}</b> · version ${s.version}${
+      s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${s.finish_reason}${
+      s.reward_error ? html` · <span class="fail">${s.reward_error}</span>` : ""}</div>${
+      s.turns.map((t) => html`<div class="turn ${t.role}">${t.tokens.map((tok, i) => t.role === "env"
+        ? html`<span class="tok" title="observation: no loss">${tok}</span>`
+        : html`<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${tok}</span>`)}${
+        t.reward !== undefined ? html` <span class="muted turn-reward">turn reward ${fmt(t.reward)}</span>` : ""}</div>`)}${
+      rhythm ? html`<button class="rhythm-btn" data-index="${s.index}">WAAD / FAI</button><div class="rhythm"><div class="rhythm-plot"></div><div class="rhythm-tokens"></div></div>` : ""}</div>`)}
+    <p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`);
 });
 // Attention rhythm of one sample (computed by the server with the run's latest checkpoint).
 $("group").addEventListener("click", async (e) => {
@@ -170,10 +187,10 @@ $("group").addEventListener("click", async (e) => {
   const plot = btn.nextElementSibling.firstElementChild, toks = plot.nextElementSibling;
   toks.textContent = "reading attention maps…";
   let r;
-  try { r = await api(`/api/runs/${encodeURIComponent(state.run)}/rhythm/${sel.step}/${sel.group}/${btn.dataset.index}`); }
-  catch (err) { toks.innerHTML = `<span class="fail">${esc(err.message)}</span>`; return; }
+  try { r = await api(`/api/runs/${encodeURIComponent(state.run)}/rhythm/${[sel.step, sel.group, btn.dataset.index].map(encodeURIComponent).join("/")}`); }
+  catch (err) { setHtml(toks, html`<span class="fail">${err.message}</span>`); return; }
   const x = r.tokens.map((t, i) => i);
-  const text = r.tokens.map((t) => JSON.stringify(t));
+  const text = r.tokens.map((t) => esc(JSON.stringify(t)));
   const credited = x.filter((i) => r.credited[i]);
   await plotlyReady;
   Plotly.newPlot(plot, [
@@ -181,11 +198,11 @@ $("group").addEventListener("click", async (e) => {
     { x, y: r.fai, text, name: "FAI", mode: "lines", type: "scatter", yaxis: "y2" },
     { x: credited, y: credited.map((i) => r.gamma[i]), text: credited.map((i) => text[i]), name: "credit (gamma)",
       mode: "markers", type: "scatter", yaxis: "y3", marker: { color: "#e8743b" } },
-  ], { ...LAYOUT, height: 300, title: { text: `${r.credit} credit · ${r.checkpoint}`, font: { size: 12 } },
-       xaxis: { title: { text: "response token", standoff: 2 } }, yaxis: { title: { text: "WAAD" } },
-       yaxis2: { overlaying: "y", side: "right", title: { text: "FAI" } },
+  ], { ...LAYOUT, height: 300, margin: { ...LAYOUT.margin, r: 80 }, title: title(`${r.credit} credit · ${r.checkpoint}`),
+       xaxis: { title: { text: "response token", standoff: 2 } }, yaxis: { ...YAXIS, title: { text: "WAAD" } },
+       yaxis2: { ...YAXIS, overlaying: "y", side: "right", title: { text: "FAI" } },
        yaxis3: { overlaying: "y", side: "right", anchor: "free", position: 0.97, showticklabels: false } }, CONFIG);
-  toks.innerHTML = `<div class="turn">${r.tokens.map((t, i) => `<span class="tok${r.credited[i] ? " credited" : ""}" title="gamma ${fmt(r.gamma[i])} · WAAD ${fmt(r.waad[i])} · FAI ${fmt(r.fai[i])}">${esc(t)}</span>`).join("")}</div>`;
+  setHtml(toks, html`<div class="turn">${r.tokens.map((t, i) => html`<span class="tok${r.credited[i] ? " credited" : ""}" title="gamma ${fmt(r.gamma[i])} · WAAD ${fmt(r.waad[i])} · FAI ${fmt(r.fai[i])}">${t}</span>`)}</div>`);
 });
 
 // ---- sandboxes ------------------------------------------------------------------------------
@@ -193,16 +210,18 @@ function renderSandboxes(services) {
   if (!services.length) return;
   $("nav-sandboxes").hidden = false;
   if (location.hash !== "#/sandboxes") return;
-  const age = (s) => s < 120 ? `${s.toFixed(0)} s` : `${(s / 60).toFixed(1)} min`;
-  $("sandbox-view").innerHTML = services.map((svc) => !svc.ok ? `<div class="card fail">${esc(svc.url)}: ${esc(svc.error)}</div>` :
-    `<div class="card"><b>${esc(svc.url)}</b> <span class="muted">${Object.entries(svc.counts).map(([k, v]) => `${k} ${v}`).join(" · ")}</span>
+  const age = (s) => typeof s !== "number" ? "—" : s < 120 ? `${s.toFixed(0)} s` : `${(s / 60).toFixed(1)} min`;
+  const time = (ts) => new Date(ts * 1000).toLocaleTimeString();
+  const limits = (l) => l ? `${l.cpu_s} s/call · ${l.memory_mb} MB · ${l.processes} procs` : "";
+  setHtml($("sandbox-view"), html`${services.map((svc) => !svc.ok ? html`<div class="card fail">${svc.url}: ${svc.error}</div>` :
+    html`<div class="card"><b>${svc.url}</b> <span class="muted">${Object.entries(svc.counts).map(([k, v]) => `${k} ${v}`).join(" · ")}</span>
     <table class="boxes"><thead><tr><th>sandbox</th><th>state</th><th>generation</th><th>age</th><th>idle</th><th>calls</th><th>restarts</th><th>cpu</th><th>memory</th><th>limits (cpu · memory · processes)</th><th>last reason</th></tr></thead><tbody>
-    ${svc.sandboxes.map((b) => `<tr data-sandbox="${esc(b.id)}"><td>${esc(b.id)}</td><td><span class="state">${esc(b.state)}</span></td><td>${b.generation}</td>
+    ${svc.sandboxes.map((b) => html`<tr data-sandbox="${b.id}"><td>${b.id}</td><td><span class="state">${b.state}</span></td><td>${b.generation}</td>
       <td>${age(b.age_s)}</td><td>${age(b.idle_s)}</td><td>${b.execs}</td><td class="restarts">${b.replacements}</td>
       <td>${b.cpu_s != null ? fmt(b.cpu_s, 2) + " s" : "—"}</td><td>${b.memory_mb != null ? fmt(b.memory_mb, 1) + " MB" : "—"}</td>
-      <td>${b.limits.cpu_s} s/call · ${b.limits.memory_mb} MB · ${b.limits.processes} procs</td><td>${esc(b.last_reason)}</td></tr>`).join("")}</tbody></table></div>
-    <div class="card"><b>recent failures</b>${svc.failures.map((e) => `<div class="fail">${new Date(e.ts * 1000).toLocaleTimeString()} ${esc(e.sandbox_id)} gen ${e.generation}: ${esc(e.state)}: ${esc(e.reason)}</div>`).join("") || " <span class=muted>none</span>"}</div>
-    <div class="card"><b>event log</b><pre class="events">${svc.events.map((e) => `${new Date(e.ts * 1000).toLocaleTimeString()} ${e.sandbox_id} g${e.generation} ${e.state}: ${e.reason}`).map(esc).join("\n")}</pre></div>`).join("");
+      <td>${limits(b.limits)}</td><td>${b.last_reason}</td></tr>`)}</tbody></table></div>
+    <div class="card"><b>recent failures</b>${svc.failures.length ? svc.failures.map((e) => html`<div class="fail">${time(e.ts)} ${e.sandbox_id} gen ${e.generation}: ${e.state}: ${e.reason}</div>`) : html` <span class=muted>none</span>`}</div>
+    <div class="card"><b>event log</b><pre class="events">${svc.events.map((e) => `${time(e.ts)} ${e.sandbox_id} g${e.generation} ${e.state}: ${e.reason}`).join("\n")}</pre></div>`)}`);
 }
 
 // ---- live updates ---------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""The page in headless chromium on planted run folders (no training): markup in any field of a
+run folder or a sandbox service's answer is shown as text and never runs, and the charts read
+well (titles clear of the mode bar, small numbers without SI prefixes, reward/accuracy visible
+over an identical reward/mean, a resumed run's new target)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from cadence.dashboard.app import create_app
+from cadence.dashboard.sandboxes import SandboxService
+from cadence.train.resume import record_changes
+from tests.dashboard.conftest import write_run
+from tests.dashboard.serving import serving
+
+pytestmark = pytest.mark.slow  # starts a browser
+
+
+def payload(field: str) -> str:
+    """Markup that, inserted unescaped in text or in a quoted attribute, records `field` in window.__xss
+    and leaves an element marked data-xss."""
+    return f'\'"><img src=x onerror=window.__xss.push("{field}") data-xss={field}>'
+
+
+def plant_evil_run(root: Path) -> Path:
+    run = root / "evil"
+    (run / "events").mkdir(parents=True)
+    P = payload
+    config = {"trainer": {"steps": P("config-steps")}, "task": {"name": P("config-task")},
+              "algorithm": {"name": P("config-algorithm"), "credit": P("config-credit")}, "note": P("config-text")}
+    (run / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    (run / "status.json").write_text(json.dumps({"state": P("status-state"), "error": P("status-error"),
+                                                 "traceback": P("status-traceback"), "step": P("status-step")}))
+    rows = [{"step": 1, "reward/mean": 0.5, P("metric-key"): 1.0, "eval/success" + P("metric-key-drawn"): 0.5},
+            {"step": 2, "reward/mean": P("metric-value"), "train/kl": P("metric-kl")},
+            {"step": P("metric-step"), "reward/mean": P("metric-last-value")}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sample = {"step": 1, "group_id": 0, "index": 0, "trainer_version": P("sample-trainer-version"),
+              "prompt": P("sample-prompt"), "group_rewards": [P("sample-group-reward"), 1.0],
+              "reward": P("sample-reward"), "version": P("sample-version"), "finish_version": P("sample-finish-version"),
+              "staleness": P("sample-staleness"), "finish_reason": P("sample-finish-reason"),
+              "reward_error": P("sample-reward-error"), "tokens": [P("sample-token"), P("sample-env-token")],
+              "loss_mask": [1, 0], "logprobs": [P("sample-logprob"), P("sample-env-logprob")],
+              "turn_rewards": [[0, P("sample-turn-reward")]]}
+    (run / "samples.jsonl").write_text(json.dumps(sample) + "\n")
+    span = {"actor": "trainer", "state": P("event-state"), "t0": 1.0, "t1": 2.0, "step": P("event-step")}
+    (run / "events" / "trainer.jsonl").write_text(json.dumps(span) + "\n" + json.dumps(
+        {"kind": "staleness", "step": 1, "alpha": P("event-alpha"), "counts": {"0": 1}}) + "\n")
+    (run / "events" / (P("event-actor") + ".jsonl")).write_text(json.dumps({**span, "state": "generating"}) + "\n")
+    (run / "summary.json").write_text(json.dumps({"eval_after": {"pass_at_1": P("summary-pass")}, "x": P("summary")}))
+    (run / "checkpoints" / P("checkpoint-name")).mkdir(parents=True)
+    (run / "reward_errors.log").write_text(P("reward-errors"))
+    (run / "resume_changes.yaml").write_text(json.dumps([{"changes": {"trainer.steps": {"to": P("resume-steps")}},
+                                                          "note": P("resume-text")}]))
+    named = root / P("run-name")
+    named.mkdir()
+    (named / "config.yaml").write_text("trainer: {steps: 3}\n")
+    return run
+
+
+def evil_sandbox_service() -> FastAPI:
+    """A sandbox service's two endpoints, every field holding markup."""
+    P, now = payload, time.time()
+    app = FastAPI()
+    box = {"id": P("box-id"), "state": P("box-state"), "generation": P("box-generation"), "created_at": now,
+           "last_used": now, "execs": P("box-execs"), "replacements": P("box-replacements"),
+           "cpu_s": P("box-cpu"), "memory_mb": P("box-memory"), "last_reason": P("box-reason"),
+           "limits": {"cpu_s": P("box-limit-cpu"), "memory_mb": P("box-limit-memory"), "processes": P("box-limit-procs")}}
+    event = {"id": 1, "ts": now, "sandbox_id": P("event-box"), "generation": P("event-generation"), "state": "dead",
+             "reason": P("event-reason")}
+
+    @app.get("/v1/status")
+    def status() -> dict:
+        return {"counts": {P("count-key"): P("count-value")}, "sandboxes": [box]}
+
+    @app.get("/v1/events")
+    def events(since_id: int = 0) -> list:
+        return [event] if since_id == 0 else []
+
+    return app
+
+
+NOTHING_RAN = "() => window.__xss.length === 0 && document.querySelectorAll('[data-xss]').length === 0"
+
+
+def assert_nothing_ran(page, where: str) -> None:
+    page.wait_for_timeout(300)  # an <img onerror> fires once its load fails
+    ran = page.evaluate("() => [...window.__xss, ...[...document.querySelectorAll('[data-xss]')].map((e) => e.dataset.xss)]")
+    assert ran == [], f"{where}: markup from these fields ran: {sorted(set(ran))}"
+
+
+def test_markup_in_every_field_is_shown_as_text(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    plant_evil_run(root)
+    with serving(evil_sandbox_service()) as sandbox_url:
+        service = SandboxService(sandbox_url, "token")
+        with serving(create_app(root, [service], poll_s=0.3)) as url:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.add_init_script("window.__xss = []")
+            page.goto(url + "/")
+            page.wait_for_function("() => document.querySelectorAll('#runs-table tbody tr').length === 2")
+            assert_nothing_ran(page, "runs list")
+            assert 'onerror=window.__xss.push("run-name")' in page.inner_text("#runs-table")  # shown, as text
+            page.click('tr[data-run="evil"]')
+            page.wait_for_selector("#chart-reward .main-svg")
+            assert_nothing_ran(page, "charts")
+            assert "status-error" in page.inner_text("#run-error-text")
+            page.click('#tabs button[data-tab="config"]')
+            page.wait_for_selector("#details .card")
+            assert_nothing_ran(page, "config")
+            assert 'push("reward-errors")' in page.inner_text("#details")
+            page.click('#tabs button[data-tab="samples"]')
+            page.click("#groups .item >> nth=0")
+            page.wait_for_selector("#group .sample .tok.loss")
+            assert_nothing_ran(page, "samples")
+            assert 'push("sample-version")' in page.inner_text("#group .sample .meta")
+            page.click('#tabs button[data-tab="pipeline"]')
+            page.wait_for_function("() => document.getElementById('timeline')?.data?.length >= 2")
+            assert_nothing_ran(page, "pipeline")
+            legend = page.eval_on_selector("#timeline .legend", "e => e.textContent")
+            assert 'push("event-state")' in legend  # plotly shows the escaped text as it was written
+            shots(page, "xss-pipeline")
+            page.goto(url + "/#/sandboxes")
+            page.wait_for_selector("#sandbox-view tr[data-sandbox]")
+            assert_nothing_ran(page, "sandboxes")
+            assert 'push("box-reason")' in page.inner_text("#sandbox-view")
+            shots(page, "xss-sandboxes")
+            page.close()
+        service.close()
+
+
+def test_charts_read_well(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run = write_run(root, "resumed", steps=3)
+    record_changes(run, 3, {"trainer.steps": {"from": 3, "to": 60}})
+    with (run / "metrics.jsonl").open("a") as f:  # binary rewards: accuracy == mean; a tiny KL
+        for step in range(4, 9):
+            f.write(json.dumps({"step": step, "reward/mean": step / 10, "reward/accuracy": step / 10,
+                                "train/kl": step * 1e-13}) + "\n")
+    with serving(create_app(root, poll_s=0.3)) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url + "/#/run/resumed")
+        page.wait_for_selector("#chart-kl .ytick text")
+        assert page.inner_text('tr[data-run="resumed"] td:nth-child(3)') == "8/60"  # the target --resume set
+        ticks = page.eval_on_selector_all("#chart-kl .ytick text", "els => els.map((e) => e.textContent)")
+        for tick in ticks:  # "4e−13", never "400f"
+            float(tick.replace("\u2212", "-"))
+        traces = page.evaluate("() => document.getElementById('chart-reward').data.map((t) => [t.name, t.line?.dash])")
+        dashes = dict(traces)
+        assert {"reward/mean", "reward/accuracy"} <= set(dashes)
+        assert dashes["reward/accuracy"] not in (None, "solid") and dashes["reward/mean"] in (None, "solid")
+        for chart in page.query_selector_all("#charts > div"):
+            chart.hover()  # the mode bar shows while the pointer is over the chart
+            title, bar = (chart.query_selector(sel).bounding_box() for sel in (".gtitle", ".modebar"))
+            apart = (title["x"] + title["width"] <= bar["x"] or bar["x"] + bar["width"] <= title["x"]
+                     or title["y"] + title["height"] <= bar["y"] or bar["y"] + bar["height"] <= title["y"])
+            assert apart, f"{chart.get_attribute('id')}: the mode bar covers the title ({title} vs {bar})"
+        shots(page, "charts-read-well")
+        page.close()
