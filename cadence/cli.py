@@ -46,6 +46,17 @@ def eval_notes(cfg: RunConfig) -> list[str]:
     return notes
 
 
+def _quiet_library_bars() -> None:
+    """No weight-loading or shard-writing bars from transformers: they interleaved with the
+    training bar. Through the environment, so child processes and Ray actors stay quiet too
+    (a value the user set is kept)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported before the variable was read
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def _resume_command(cfg: RunConfig) -> str:
     """The command line that continues this run: the same arguments, plus --resume (and the run's
     name when it was chosen by start time, so a later run cannot become "the latest")."""
@@ -75,6 +86,7 @@ def train(
 
     if allow_change and not resume:
         _fail(ConfigError("--allow-change only applies with --resume"))
+    _quiet_library_bars()
     from cadence.observe.run_name import choose_run_name, named_explicitly
 
     try:
@@ -128,6 +140,8 @@ def sft(
     """Supervised warm-up on a task's synthetic examples (made the built-in model)."""
     from cadence.recipes.sft import check_output, load_sft_config
     from cadence.recipes.sft import sft as run_sft
+
+    _quiet_library_bars()
 
     try:
         cfg = load_sft_config(config, overrides or [])

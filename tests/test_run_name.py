@@ -77,3 +77,19 @@ def test_train_twice_then_resume_the_latest(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert f"resuming the latest run: {runs[-1].relative_to(tmp_path)}" in result.output
     assert (runs[-1] / "checkpoints" / "step_2").is_dir() and not (runs[0] / "checkpoints" / "step_2").exists()
+
+
+@pytest.mark.slow
+def test_train_shows_no_weight_loading_or_shard_writing_bars(tmp_path, monkeypatch):
+    """Only the training bar: transformers' bars interleaved with it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    try:
+        result = CliRunner().invoke(app, ["train", *QUICK_RUN, "trainer.steps=1"])
+    finally:
+        hf_logging.enable_progress_bar()
+    assert result.exit_code == 0, result.output
+    assert "Loading weights" not in result.output and "Writing model shards" not in result.output, result.output
