@@ -27,7 +27,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from pydantic_core import to_json
 
-from cadence.dashboard.hosts import allowed_names, host_allowed
+from cadence.dashboard.hosts import HOSTS_ENV, allowed_names, host_allowed
 from cadence.dashboard.matching import MATCH_TIMEOUT_S, MatchError
 from cadence.dashboard.rhythm import RhythmReader
 from cadence.dashboard.runs import RunIndex, RunReader
@@ -81,7 +81,7 @@ def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, to
         if not host_allowed(header, hosts, server[1] if server else None):
             return JSONResponse({"detail": f"Host {header!r} is not a name of this dashboard (DNS rebinding?); "
                                            "open it as http://127.0.0.1:PORT/, or allow the name with "
-                                           "--allow-host NAME"}, status_code=421)
+                                           f"--allow-host NAME or {HOSTS_ENV}=NAME"}, status_code=421)
         return await call_next(request)
 
     def reader(name: str) -> RunReader:
