@@ -34,7 +34,7 @@ from cadence.observe.sample_log import OLD_SAMPLES_FILE, SAMPLES_FILE
 
 SPANS_KEPT = 20000  # per actor: the timeline shows recent minutes, not a whole week-long run
 SAMPLES_KEPT = 4000
-# The files a runs-list row is read from, in the order the row's `updated` time looks at them first.
+# The files a runs-list row is read from (re-read when one changes); `updated` is the newest of the first three.
 ROW_FILES = ("metrics.jsonl", "status.json", "config.yaml", "summary.json", "resume_changes.yaml")
 
 
