@@ -7,6 +7,7 @@ config never pulls in gymnasium or an optional ecosystem package.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,27 +17,26 @@ from cadence.python_spec import PYTHON_PREFIX, load_python_object
 if TYPE_CHECKING:
     from cadence.envs.config import EnvConfig
 
-# name -> (module:Class, one line for `cadence envs`)
+# name -> (module:Class, one line for `cadence envs`; its kwargs are read from the class itself)
 BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     "frozenlake": (
         "cadence.envs.frozenlake:FrozenLakeEnv",
         "gymnasium FrozenLake on a random map per seed; text grid; Left/Down/Right/Up; "
-        "reward 1 at the goal (kwargs: size, p, slippery)",
+        "reward 1 at the goal",
     ),
     "sokoban": (
         "cadence.envs.sokoban:SokobanEnv",
         "generated rooms with 1-2 boxes, each checked solvable by BFS; text grid; "
-        "Up/Down/Left/Right; reward 1 when every box is on a goal (kwargs: width, height, boxes, positions)",
+        "Up/Down/Left/Right; reward 1 when every box is on a goal",
     ),
     "code": (
         "cadence.envs.code_env:CodeEnv",
         "a computation task; the model runs Python (```python blocks) and sees the output, "
-        "then answers <answer>..</answer>; reward 1 if right (kwargs: timeout_s, memory_mb)",
+        "then answers <answer>..</answer>; reward 1 if right",
     ),
     "gymnasium": (
         "cadence.envs.gym_adapter:GymnasiumEnv",
-        "any gymnasium env id with a text rendering or text observations "
-        "(kwargs: id, actions, make_kwargs)",
+        "any gymnasium env id with a text rendering or text observations",
     ),
     "textarena": (
         "cadence.envs.textarena_adapter:TextArenaEnv",
@@ -99,9 +99,26 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
     return make
 
 
+def constructor_kwargs(cls: type) -> str:
+    """Every keyword argument of `cls(...)` (env.kwargs.NAME) with its default: `size=4, rules=True`."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # past self
+    return ", ".join(
+        f"{p.name} (required)" if p.default is p.empty else f"{p.name}={p.default!r}"
+        for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )
+
+
 def describe() -> dict[str, str]:
-    """One line per built-in environment, for `cadence envs`."""
-    return {name: line for name, (_, line) in BUILTIN_ENVS.items()}
+    """One line per built-in environment, for `cadence envs`: what it is, then every kwarg it takes
+    (read from its constructor, so the list cannot fall behind the code)."""
+    lines = {}
+    for name, (_, line) in BUILTIN_ENVS.items():
+        try:
+            kwargs = constructor_kwargs(resolve_env_class(name))
+        except ImportError as err:  # an optional ecosystem package that is not installed
+            kwargs = f"listed once {err.name or 'its package'} is installed"
+        lines[name] = f"{line} (kwargs: {kwargs})"
+    return lines
 
 
 def envs_command() -> None:
