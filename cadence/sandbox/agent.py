@@ -58,6 +58,7 @@ def spawn(req: dict) -> tuple[int, int, int, int]:
             apply_limits(req["cpu_s"])
             env = dict(CFG["env"], **(req.get("env") or {}))
             if req.get("code") is not None:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C semantics, as in python3
                 os.environ.clear()
                 os.environ.update(env)
                 sys.stdin = io.TextIOWrapper(io.FileIO(0, closefd=False))
@@ -66,7 +67,7 @@ def spawn(req: dict) -> tuple[int, int, int, int]:
                 os._exit(run_code(req["code"]))
             cmd = req["cmd"]
             argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else cmd
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; programs must not
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):  # ignored here; not by programs
                 signal.signal(sig, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         except BaseException as e:  # exec failed: report like a shell would
@@ -316,6 +317,9 @@ def main() -> None:
     CFG.update(recv(PROTO_IN))  # the host sends the config right after the agent's modules
     if CFG["isolated"]:
         not_dumpable()
+        # pid 1 gets only the signals it handles: Python's SIGINT handler would let code inside
+        # end the agent (KeyboardInterrupt). Ignored here, restored in every child.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1):
         os.dup2(null, fd)

@@ -55,6 +55,7 @@ def session_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
     os.closerange(5, 1 << 16)
     os.chdir(CFG["workspace"])
     apply_limits(None)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the agent ignores it; code must not
     os.environ.clear()
     os.environ.update(CFG["env"])
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
@@ -78,7 +79,7 @@ def shell_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
     os.closerange(4, 1 << 16)
     os.chdir(CFG["workspace"])
     apply_limits(None)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
     os.execve(shell, [shell, "--norc", "--noprofile"] if shell.endswith("bash") else [shell], CFG["env"])

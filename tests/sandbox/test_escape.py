@@ -246,3 +246,43 @@ def test_hung_agent_is_detected():
         assert not sb.alive
     finally:
         sb.stop()
+
+
+# Run inside a sandbox: every way to reach the agent (pid 1) or the process that started this one
+# (a judge, for a unit-test worker) beyond signals, and nested namespaces; one line per attempt.
+REACH_THE_AGENT = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, ok):
+    print(name, "open" if ok else "denied")
+def tries(pid, who):
+    attempt(f"ptrace {who}", libc.ptrace(0x4206, pid, 0, 0) == 0)  # PTRACE_SEIZE
+    buf = ctypes.create_string_buffer(8)
+    iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+    attempt(f"process_vm_readv {who}", libc.process_vm_readv(pid, iov, 1, iov, 1, 0) != -1 or ctypes.get_errno() != 1)
+    for what in ("mem", "fd"):
+        try:
+            open(f"/proc/{pid}/mem", "rb").close() if what == "mem" else os.listdir(f"/proc/{pid}/fd")
+            attempt(f"/proc/{who}/{what}", True)
+        except OSError:
+            attempt(f"/proc/{who}/{what}", False)
+tries(1, "agent")
+if os.fork() == 0:  # a child of this code call: its parent is a fork of the agent, as a judge is
+    tries(os.getppid(), "parent")
+    os._exit(0)
+os.wait()
+attempt("nested user namespace", libc.unshare(0x10000000) == 0)  # CLONE_NEWUSER
+attempt("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) == 0)
+attempt("/dev/shm beyond disk_mb", os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize > (17 << 20))
+'''
+
+
+def test_code_cannot_reach_the_agent_or_its_parent(escape_box):
+    """Finding 2 of issue 26: code ptraced the agent (same uid, dumpable, no seccomp) and wrote a
+    reply of its own on the host pipe. Now: a seccomp filter (no ptrace, process_vm_*, unshare,
+    mount), the agent and its forks non-dumpable (no /proc/PID/mem or fd), /dev/shm sized."""
+    r = escape_box.exec(code=REACH_THE_AGENT)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 11 and all(line.endswith(" denied") for line in lines), r.stdout
+    assert escape_box.exec("unshare -U true").exit_code != 0  # the command as well as the syscall

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import marshal
 import os
+import struct
 import sys
 import tempfile
 import warnings
@@ -10,7 +12,14 @@ import warnings
 import pytest
 
 import cadence.sandbox.isolation as isolation
-from cadence.sandbox import ExecRequest, IsolationUnavailable, Limits, LocalSandbox, SandboxError
+from cadence.sandbox import (
+    ExecRequest,
+    IsolationUnavailable,
+    Limits,
+    LocalSandbox,
+    SandboxDied,
+    SandboxError,
+)
 from tests.sandbox.conftest import needs_bwrap
 
 pytestmark = needs_bwrap
@@ -243,3 +252,18 @@ def test_a_venv_interpreter_brings_its_own_packages_only(tmp_path):
         assert sb.exec(code="import venvmod; print(venvmod.X)").stdout == "42\n"
         r = sb.exec("python3 -c 'import venvmod; print(venvmod.__file__)'; python3 -c 'import numpy'")
         assert r.stdout == f"{isolation.SITE_ROOT}/0/venvmod.py\n" and "No module named 'numpy'" in r.stderr, r
+
+
+def test_replies_never_shift_after_a_failed_call(box):
+    """Finding 4 of issue 26: timeout_s=1e308 ran the command, the host overflowed before reading
+    the reply, and every later call read the previous call's reply. Now a huge finite timeout just
+    works on the host side (the request models bound it too), and a reply that is not the call's
+    (here a stray frame the agent answers first) stops the sandbox instead of being returned."""
+    huge = {"op": "exec", "cmd": "echo first", "code": None, "timeout": 1e308, "cpu_s": 5}
+    assert box._call(huge, 1e308)["stdout"] == "first\n"
+    assert box.exec("echo second").stdout == "second\n"
+    stray = marshal.dumps({"op": "ping"}, 4)
+    box.proc.stdin.write(struct.pack(">I", len(stray)) + stray)  # answered before the next call
+    with pytest.raises(SandboxDied, match="not this call's"):
+        box.exec("echo third")
+    assert not box.alive  # a pool replaces it; nothing can read the leftover reply
