@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from cadence.algo.config import AlgorithmConfig
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import ConfigError, TrainerConfig, load_config
 from cadence.models.tiny import tiny_model
 from cadence.recipes.train_rlvr import train
-from cadence.rollout.episode_worker import EpisodeWorker
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.turns import ChatTurns
 from cadence.train.batch import collate
@@ -69,8 +69,8 @@ def qwen2_chat_dir(tmp_path_factory) -> str:
 def test_a_chat_model_plays_in_chat_turns_and_trains(qwen2_chat_dir, tmp_path):
     run = [*QUICK_AGENT, f"model.path={qwen2_chat_dir}", f"logging.run_dir={tmp_path}/run",
            "env.system_prompt=Answer in one word.", "algorithm.advantage=turn_grpo"]
-    worker = EpisodeWorker(load_config(None, run))
-    assert worker.turns == ChatTurns("Answer in one word.")  # env.turn_format=auto found the template
+    worker = ConfiguredRolloutWorker(load_config(None, run))
+    assert worker.producer.turns == ChatTurns("Answer in one word.")  # env.turn_format=auto found the template
     worker.close()
     steps = _steps(train(load_config(None, run)))
     assert [r["step"] for r in steps] == [1, 2]

@@ -10,7 +10,6 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 
 CALLS: dict[str, int] = {}
@@ -59,33 +58,30 @@ class OneNeverAnswers(TwoTurns):
 def _rollout(env_cls, group_size=3, redundancy=0, timeout=30.0):
     hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
                                    eos_id=1, virtual_clock=True)])
-    buffer = SampleBuffer(async_ratio=0)
     rollout = EnvRollout(
         hub, lambda: EnvRunner(env_cls, action_tag=None, step_timeout_s=timeout), load_tokenizer("builtin"),
-        SamplingParams(max_new_tokens=8), buffer, group_size=group_size, redundancy=redundancy,
+        SamplingParams(max_new_tokens=8), group_size=group_size, redundancy=redundancy,
     )
-    return hub, buffer, rollout
+    return hub, rollout
 
 
-async def _collect(hub, buffer, rollout, groups: int, deadline_s: float = 20.0):
+async def _collect(hub, rollout, groups: int, deadline_s: float = 20.0) -> list:
+    """Play `groups` groups at once; the ones that completed (dropped ones are None)."""
     stop = asyncio.Event()
     server = asyncio.create_task(hub.serve(stop))
-    rollout.admit(groups)
     try:
         async with asyncio.timeout(deadline_s):
-            while len(buffer) + rollout.counts["groups_dropped"] < groups:
-                rollout.groups_done.clear()
-                await rollout.groups_done.wait()
-        return buffer.get_batch(len(buffer), 0)
+            played = await asyncio.gather(*(rollout.play(rollout.next_key(), gid) for gid in range(groups)))
+        return [g for g in played if g is not None]
     finally:
-        await rollout.close()
+        await rollout.cancel()
         stop.set()
         await server
 
 
 def test_groups_of_episodes_share_a_seed_and_reach_the_buffer():
-    hub, buffer, rollout = _rollout(TwoTurns)
-    groups = asyncio.run(_collect(hub, buffer, rollout, groups=4))
+    hub, rollout = _rollout(TwoTurns)
+    groups = asyncio.run(_collect(hub, rollout, groups=4))
     assert sorted(g.group_id for g in groups) == [0, 1, 2, 3]
     for g in groups:
         assert len(g.samples) == 3 and len({s.prompt_id for s in g.samples}) == 1
@@ -98,16 +94,16 @@ def test_groups_of_episodes_share_a_seed_and_reach_the_buffer():
 
 def test_a_lost_episode_is_counted_and_replaced_on_the_same_seed():
     CALLS.clear()
-    hub, buffer, rollout = _rollout(FailsEveryThirdEpisode)
-    groups = asyncio.run(_collect(hub, buffer, rollout, groups=3))
+    hub, rollout = _rollout(FailsEveryThirdEpisode)
+    groups = asyncio.run(_collect(hub, rollout, groups=3))
     assert len(groups) == 3 and all(len(g.samples) == 3 for g in groups)
     assert rollout.counts["lost/raised"] >= 3 and rollout.counts["retried"] == rollout.counts["lost/raised"]
 
 
 def test_redundancy_closes_a_group_without_its_fail_stop_straggler():
     OneNeverAnswers.made = 0
-    hub, buffer, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=1, timeout=3600)
-    groups = asyncio.run(_collect(hub, buffer, rollout, groups=2))
+    hub, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=1, timeout=3600)
+    groups = asyncio.run(_collect(hub, rollout, groups=2))
     assert len(groups) == 2 and all(len(g.samples) == 2 for g in groups)
     assert rollout.counts["cancelled"] >= 1  # the hung episode was cancelled when its group closed
     assert rollout.counts.get("lost/timeout", 0) == 0  # nobody waited for its (hour-long) timeout
@@ -115,8 +111,8 @@ def test_redundancy_closes_a_group_without_its_fail_stop_straggler():
 
 def test_without_redundancy_a_fail_stop_environment_costs_its_timeout():
     OneNeverAnswers.made = 0
-    hub, buffer, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=0, timeout=0.2)
-    groups = asyncio.run(_collect(hub, buffer, rollout, groups=1))
+    hub, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=0, timeout=0.2)
+    groups = asyncio.run(_collect(hub, rollout, groups=1))
     assert len(groups) == 1 and len(groups[0].samples) == 2
     assert rollout.counts["lost/timeout"] == 1 and rollout.counts["retried"] == 1
 
@@ -129,9 +125,9 @@ class AlwaysRaises(TwoTurns):
 def test_a_group_whose_last_episodes_fail_together_is_dropped():
     """Episodes of one group that fail in the same round, with no retries left, close the group
     (each must see the others gone, not wait for their tasks' done callbacks)."""
-    hub, buffer, rollout = _rollout(AlwaysRaises, group_size=3)
+    hub, rollout = _rollout(AlwaysRaises, group_size=3)
     rollout.max_retries = 0
-    asyncio.run(_collect(hub, buffer, rollout, groups=2, deadline_s=10))
+    asyncio.run(_collect(hub, rollout, groups=2, deadline_s=10))
     assert rollout.counts["groups_dropped"] == 2 and rollout.counts["lost/raised"] == 6
 
 
@@ -156,8 +152,8 @@ def test_a_group_that_ran_out_of_retries_is_dropped_when_its_last_episode_finish
     fill, so it is dropped when the last of them finishes (it used to stay open, and the rollout
     waited on it for ever)."""
     FirstEpisodeRaises.made = 0
-    hub, buffer, rollout = _rollout(FirstEpisodeRaises, group_size=3)
+    hub, rollout = _rollout(FirstEpisodeRaises, group_size=3)
     rollout.max_retries = 0
-    asyncio.run(_collect(hub, buffer, rollout, groups=1, deadline_s=10))
+    asyncio.run(_collect(hub, rollout, groups=1, deadline_s=10))
     assert rollout.counts["groups_dropped"] == 1 and rollout.counts["lost/raised"] == 1
     assert rollout.counts["episodes"] == 3 and not rollout.open

@@ -11,7 +11,6 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.lockstep import LockstepRollout, TurnBarrier
 
@@ -51,27 +50,21 @@ class TimedHub(InferenceHub):
 
 
 def _rollout(cls, engine, group_size=2, redundancy=0, **kwargs):
-    buffer = SampleBuffer(async_ratio=0)
     params = SamplingParams(max_new_tokens=4, temperature=0.0)
-    rollout = cls(
+    return cls(
         TimedHub([engine]), lambda: EnvRunner(UnevenSteps, action_tag=None, step_timeout_s=30),
-        load_tokenizer("builtin"), params, buffer, group_size=group_size, redundancy=redundancy, **kwargs,
+        load_tokenizer("builtin"), params, group_size=group_size, redundancy=redundancy, **kwargs,
     )
-    return buffer, rollout
 
 
-async def _collect(buffer, rollout, groups: int):
+async def _collect(rollout, groups: int) -> list:
     stop = asyncio.Event()
     server = asyncio.create_task(rollout.hub.serve(stop))
-    rollout.admit(groups)
     try:
         async with asyncio.timeout(30):
-            while len(buffer) < groups:
-                rollout.groups_done.clear()
-                await rollout.groups_done.wait()
-        return buffer.get_batch(groups, 0)
+            return list(await asyncio.gather(*(rollout.play(rollout.next_key(), gid) for gid in range(groups))))
     finally:
-        await rollout.close()
+        await rollout.cancel()
         stop.set()
         await server
 
@@ -93,8 +86,8 @@ def _turns_overlap() -> bool:
 
 def test_every_turn_waits_for_the_slowest_environment_of_the_batch():
     STEPS.clear()
-    buffer, rollout = _rollout(LockstepRollout, _mock(), batch_groups=4)
-    groups = asyncio.run(_collect(buffer, rollout, groups=4))
+    rollout = _rollout(LockstepRollout, _mock(), batch_groups=4)
+    groups = asyncio.run(_collect(rollout, groups=4))
     assert len(groups) == 4 and all(len(g.samples) == 2 for g in groups)
     assert len(STEPS) == 4 * 2 * 3 and not _turns_overlap()
     assert rollout.batches == 1
@@ -109,15 +102,15 @@ def test_every_turn_waits_for_the_slowest_environment_of_the_batch():
 def test_async_mode_has_no_such_barrier():
     """The contrast that shows the lock-step test can fail: fast episodes run ahead."""
     STEPS.clear()
-    buffer, rollout = _rollout(EnvRollout, _mock())
-    asyncio.run(_collect(buffer, rollout, groups=4))
+    rollout = _rollout(EnvRollout, _mock())
+    asyncio.run(_collect(rollout, groups=4))
     assert _turns_overlap()
 
 
 def test_batches_of_groups_run_one_after_another():
     STEPS.clear()
-    buffer, rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
-    groups = asyncio.run(_collect(buffer, rollout, groups=4))
+    rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
+    groups = asyncio.run(_collect(rollout, groups=4))
     assert len(groups) == 4 and rollout.batches == 2
     first = {int(g.prompt_id.removeprefix("seed")) for g in groups if g.group_id < 2}
     first_done = max(e for s, _, _, e in STEPS if s in first)
@@ -126,15 +119,15 @@ def test_batches_of_groups_run_one_after_another():
 
 def test_redundant_stragglers_leave_the_barrier():
     STEPS.clear()
-    buffer, rollout = _rollout(LockstepRollout, _mock(), group_size=2, redundancy=1, batch_groups=3)
-    groups = asyncio.run(_collect(buffer, rollout, groups=3))
+    rollout = _rollout(LockstepRollout, _mock(), group_size=2, redundancy=1, batch_groups=3)
+    groups = asyncio.run(_collect(rollout, groups=3))
     assert len(groups) == 3 and all(len(g.samples) == 2 for g in groups)
 
 
 def _greedy_episodes(cls, kwargs):
     engine = EmbeddedEngine(load_policy("builtin").eval(), load_tokenizer("builtin"), max_batch_size=16, seed=0)
-    buffer, rollout = _rollout(cls, engine, **kwargs)
-    groups = asyncio.run(_collect(buffer, rollout, groups=3))
+    rollout = _rollout(cls, engine, **kwargs)
+    groups = asyncio.run(_collect(rollout, groups=3))
     return sorted(
         (s.prompt_id, s.prompt_ids, s.response_ids, s.loss_mask, s.reward) for g in groups for s in g.samples
     )
@@ -168,17 +161,21 @@ def test_a_party_leaving_releases_the_others():
 
 def test_cancel_stale_closes_groups_started_under_an_older_policy():
     async def scenario():
-        buffer, rollout = _rollout(EnvRollout, _mock())
+        rollout = _rollout(EnvRollout, _mock())
         stop = asyncio.Event()
         server = asyncio.create_task(rollout.hub.serve(stop))
-        rollout.admit(2)
+        plays = [asyncio.ensure_future(rollout.play(rollout.next_key(), gid)) for gid in (0, 1)]
+        await asyncio.sleep(0)
         rollout.version = 1
-        rollout.admit(1)
+        plays.append(asyncio.ensure_future(rollout.play(rollout.next_key(), 2)))
+        await asyncio.sleep(0)
         stale_tasks = [t for gid in (0, 1) for t in rollout.open[gid].tasks]
         closed = rollout.cancel_stale(1)
         await asyncio.gather(*stale_tasks, return_exceptions=True)
-        open_now = (sorted(rollout.open), all(t.cancelled() for t in stale_tasks), len(stale_tasks))
-        await rollout.close()
+        # Their episodes ended (cancelled, or ended by the cancellation at an environment call).
+        open_now = (sorted(rollout.open), all(t.done() for t in stale_tasks), len(stale_tasks))
+        assert await plays[0] is None and await plays[1] is None  # their groups will never train
+        await rollout.cancel()
         stop.set()
         await server
         return closed, open_now, rollout.counts
@@ -188,9 +185,9 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
     assert counts["groups_dropped"] == 0  # stale is not "out of retries"
 
 
-def test_the_episode_worker_runs_lockstep_with_extra_groups_from_config():
+def test_the_worker_runs_lockstep_with_extra_groups_from_config():
+    from cadence.assemble import ConfiguredRolloutWorker
     from cadence.config import load_config
-    from cadence.rollout.episode_worker import EpisodeWorker
 
     cfg = load_config(None, [
         "env.name=python:tests/agentic_envs.py:Parity", "env.action_tag=null", "env.max_turns=2",
@@ -198,10 +195,10 @@ def test_the_episode_worker_runs_lockstep_with_extra_groups_from_config():
         "rollout.group_size=2", "rollout.max_new_tokens=3", "rollout.engine.backend=mock",
         "rollout.engine.mock.vocab_size=256", "rollout.engine.mock.median_tokens=3",
     ])
-    worker = EpisodeWorker(cfg)
+    worker = ConfiguredRolloutWorker(cfg)
     try:
-        assert isinstance(worker.rollout, LockstepRollout) and worker.rollout.batch_groups == 2
-        assert worker._allowed_groups() == 2 + 2  # (swaps + alpha + 1) x quota + extra_groups
+        assert isinstance(worker.producer, LockstepRollout) and worker.producer.batch_groups == 2
+        assert worker._room() == 2 + 2  # (swaps + alpha + 1) x quota + extra_groups
         batch = worker.get_batch(0, timeout=60)
         assert len(batch) == 2 and all(len(g.samples) == 2 for g in batch)
     finally:
@@ -213,16 +210,17 @@ def test_cancel_stale_closes_a_lockstep_batch_too():
     either env_mode: lock-step closes the stale groups and counts them as stale."""
 
     async def scenario():
-        buffer, rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
+        rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
         stop = asyncio.Event()
         server = asyncio.create_task(rollout.hub.serve(stop))
         try:
-            rollout.admit(2)
-            await asyncio.sleep(0)  # the driver opens the batch
+            for gid in (0, 1):
+                asyncio.ensure_future(rollout.play(rollout.next_key(), gid))
+            await asyncio.sleep(0.01)  # the driver opens the batch
             rollout.version = 1
             return rollout.cancel_stale(1), rollout.counts
         finally:
-            await rollout.close()
+            await rollout.cancel()
             stop.set()
             await server
 

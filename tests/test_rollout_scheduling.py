@@ -3,19 +3,21 @@ the alpha admission gate and where a resumed worker picks up the prompt stream."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import pytest
 
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import ConfigError, load_config
 from cadence.data.tasks import Prompt
+from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRRollout, RolloutStats
+from cadence.rollout.rlvr import RLVRProducer, keeps
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.placement import WorkerGroup, join_parts
@@ -28,66 +30,71 @@ class _Outcome:
 
 
 class _ConstantReward:
-    def score(self, pairs):
-        return [_Outcome(1.0) for _ in pairs]
+    async def score(self, prompt, response):
+        return _Outcome(1.0)
 
 
-def _rollout(replicate: bool, slots: int = 8, group_size: int = 4, answers: int | None = None) -> RLVRRollout:
+class _CountingHub(InferenceHub):
+    """Records the requests in flight (queued in the hub or held by the engine) at each round."""
+
+    def __init__(self, engines):
+        super().__init__(engines)
+        self.held: list[int] = []
+
+    async def pump(self) -> bool:
+        self.held.append(self.load()[0])
+        return await super().pump()
+
+
+def _producer(replicate: bool, slots: int = 8, group_size: int = 4, answers: int | None = None) -> RLVRProducer:
     engine = MockEngine(max_batch_size=slots, seed=0, median_tokens=6, sigma=1.0, max_tokens=40, virtual_clock=True)
     prompts = PromptStream([Prompt(id=f"p{i}", text=f"{i}+1=", answer=str(i + 1)) for i in range(20)], seed=0)
-    params = SamplingParams(max_new_tokens=40)
-    return RLVRRollout(
-        engine, load_tokenizer("builtin"), prompts, _ConstantReward(), params, group_size,
-        answers=answers, replicate=replicate, slots=slots,
+    return RLVRProducer(
+        _CountingHub([engine]), load_tokenizer("builtin"), prompts, _ConstantReward(), SamplingParams(max_new_tokens=40),
+        answers or group_size, replicate=replicate, slots=slots,
     )
 
 
-def _drain(rollout: RLVRRollout) -> tuple[SampleBuffer, list[int]]:
-    """Run to completion, recording how many requests the engine holds at each step."""
-    buffer, stats, held, completed = SampleBuffer(0), RolloutStats(), [], 0
-    admitted = len(rollout.pending)
-    while rollout.pending:
-        held.append(rollout.hub.load()[0])  # requests in flight: queued in the hub or the engine
-        completed += rollout.poll(buffer, stats)
-    # poll reports the groups each engine step completed; every answer is counted once.
-    assert completed == admitted == len(buffer)
-    assert stats.samples == sum(stats.finish_reasons.values()) == rollout.answers * admitted
-    return buffer, held
+def _play(producer: RLVRProducer, groups: int) -> list[Group]:
+    """Play `groups` groups at once, to completion."""
+
+    async def main() -> list[Group]:
+        plays = [producer.play(producer.next_key(), gid) for gid in range(groups)]
+        return await producer.hub.serving(asyncio.gather(*plays))
+
+    return asyncio.run(main())
 
 
 def test_replicated_answers_queue_in_the_engine_and_fill_any_free_slot():
-    rollout = _rollout(replicate=True)
-    rollout.admit(5)  # 20 one-answer requests for 8 slots
-    buffer, held = _drain(rollout)
-    assert len(buffer) == 5 and all(len(g.samples) == 4 for g in buffer.get_batch(5, 0))
-    assert max(held) == 20  # all queued in the engine: answers take single slots as they free up
+    producer = _producer(replicate=True)
+    groups = _play(producer, 5)  # 20 one-answer requests for 8 slots
+    assert len(groups) == 5 and all(len(g.samples) == 4 for g in groups)
+    assert max(producer.hub.held) == 20  # all queued in the engine: answers take single slots as they free up
+    assert producer.stats.samples == sum(producer.stats.finish_reasons.values()) == 20
 
 
 def test_whole_groups_enter_only_when_all_their_slots_are_free():
-    rollout = _rollout(replicate=False)
-    rollout.admit(5)
-    assert rollout._in_engine == 8 and len(rollout._unsubmitted) == 3  # two groups fit in 8 slots
-    buffer, held = _drain(rollout)
-    assert max(held) <= 8  # the engine never holds more than its slots: a group waits for 4 free ones
-    groups = buffer.get_batch(5, 0)
-    assert sorted(g.group_id for g in groups) == [0, 1, 2, 3, 4]
+    producer = _producer(replicate=False)
+    groups = _play(producer, 5)
+    # Two groups fit in 8 slots and the engine never holds more: a group waits for 4 free ones.
+    assert max(producer.hub.held) == 8
+    assert [g.group_id for g in groups] == [0, 1, 2, 3, 4]
     assert all(len(g.samples) == 4 for g in groups)
 
 
-def test_a_worker_generates_only_its_share_of_each_group():
-    rollout = _rollout(replicate=True, answers=2)
-    rollout.admit(3)
-    buffer, _ = _drain(rollout)
-    assert [len(g.samples) for g in buffer.get_batch(3, 0)] == [2, 2, 2]
-
-
-def test_produce_fills_the_buffer_and_times_itself():
-    rollout, buffer = _rollout(replicate=True), SampleBuffer(0)
-    began = time.perf_counter()
-    stats = rollout.produce(3, buffer)
-    took = time.perf_counter() - began
-    assert len(buffer) == 3 and stats.samples == 12
-    assert 0 <= stats.seconds <= took  # its own span, inside the caller's
+@pytest.mark.parametrize("index, share", [(0, 2), (1, 1), (2, 1)])
+def test_a_worker_generates_only_its_share_of_each_group(index, share):
+    """Prompt replication over 3 workers: answer j of a group of 4 is worker j mod 3's."""
+    cfg = load_config(None, ["rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.engine.backend=mock",
+                             "rollout.engine.mock.median_tokens=4", "trainer.steps=2", "task.test_size=4"])
+    worker = ConfiguredRolloutWorker(cfg, index=index, workers=3, background=False)
+    try:
+        assert worker.quota == 2  # every worker takes every prompt
+        batch = worker.get_batch(0, timeout=60)
+        assert [len(g.samples) for g in batch] == [share, share]
+        assert [g.group_id for g in batch] == [0, 1]  # the same ids on every worker: WorkerGroup joins them
+    finally:
+        worker.close()
 
 
 def _part(group_id: int, rewards: list[float]) -> Group:
@@ -103,12 +110,10 @@ def test_join_parts_rebuilds_whole_groups_from_worker_shares():
 
 
 def test_mean_filters_drop_all_wrong_and_all_right_groups():
-    rollout = RLVRRollout(None, None, None, None, None, group_size=4, filter_mean=(0.0, 1.0))
-    assert not rollout.keeps(_part(0, [0, 0, 0, 0]))
-    assert not rollout.keeps(_part(0, [1, 1, 1, 1]))
-    assert rollout.keeps(_part(0, [1, 0, 0, 0]))
-    only_high = RLVRRollout(None, None, None, None, None, group_size=4, filter_mean=(None, 0.75))
-    assert only_high.keeps(_part(0, [0, 0, 0, 0])) and not only_high.keeps(_part(0, [1, 1, 1, 0]))
+    assert not keeps(_part(0, [0, 0, 0, 0]), None, 0.0, 1.0)
+    assert not keeps(_part(0, [1, 1, 1, 1]), None, 0.0, 1.0)
+    assert keeps(_part(0, [1, 0, 0, 0]), None, 0.0, 1.0)
+    assert keeps(_part(0, [0, 0, 0, 0]), None, None, 0.75) and not keeps(_part(0, [1, 1, 1, 0]), None, None, 0.75)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +128,7 @@ def test_replication_config_errors_name_the_fix(overrides, field):
         load_config(None, ["runtime.kind=ray", *overrides])
 
 
-def _worker(interrupt: bool) -> RolloutWorker:
+def _worker(interrupt: bool) -> ConfiguredRolloutWorker:
     cfg = load_config(
         None,
         [
@@ -136,7 +141,7 @@ def _worker(interrupt: bool) -> RolloutWorker:
             "trainer.steps=4", "task.test_size=4",
         ],
     )
-    return RolloutWorker(cfg)
+    return ConfiguredRolloutWorker(cfg)
 
 
 @pytest.mark.parametrize("interrupt", [True, False])
@@ -171,7 +176,7 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
     assert min(s.version for s in samples) == 0 and max(s.version for s in samples) >= 1
 
 
-def _mock_worker(alpha: int, quota: int = 2) -> RolloutWorker:
+def _mock_worker(alpha: int, quota: int = 2) -> ConfiguredRolloutWorker:
     """A foreground worker (no thread: the test drives it) on the mock engine's virtual clock."""
     cfg = load_config(
         None,
@@ -182,15 +187,19 @@ def _mock_worker(alpha: int, quota: int = 2) -> RolloutWorker:
             "trainer.steps=8", "task.test_size=4",
         ],
     )
-    return RolloutWorker(cfg, background=False)
+    return ConfiguredRolloutWorker(cfg, background=False)
 
 
 def _settle(worker: RolloutWorker, most: int) -> None:
-    """Run the producer until it has nothing left to do (all it may start is started and done),
+    """Run the worker until it has nothing left to do (all it may start is started and done),
     failing as soon as it draws more than `most` prompts in all."""
-    while worker._tick():
-        assert worker.stream.cursor <= most, f"{worker.stream.cursor} prompts drawn, at most {most} allowed"
-    assert worker.stream.cursor <= most, f"{worker.stream.cursor} prompts drawn, at most {most} allowed"
+
+    def idle() -> bool:
+        drawn = worker.producer.stream.cursor
+        assert drawn <= most, f"{drawn} prompts drawn, at most {most} allowed"
+        return not worker._tasks
+
+    worker._loop.run_until_complete(worker.run(idle))
 
 
 def _train(worker: RolloutWorker, versions: range) -> list[list[str]]:
@@ -212,7 +221,7 @@ def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha):
         _settle(worker, most=allowed)
         # Not fewer either: the gate opens by one quota per version, so the engine never idles
         # below the allowance, and what was not trained on yet waits in the buffer.
-        assert worker.stream.cursor == allowed
+        assert worker.producer.stream.cursor == allowed
         assert len(worker.buffer) == (alpha + 1) * quota
         staleness.append([version - g.version for g in worker.get_batch(version)])
         worker.update_weights({}, version + 1)
@@ -249,9 +258,8 @@ def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
     resumed.load_state_dict(state, 3)
     # Nothing survived the restart, so it starts the groups of versions 3 .. 3 + alpha at once
     # (the stream passes over positions trained before the checkpoint, so count the groups).
-    while resumed._tick():
-        assert len(resumed.rollout.positions) <= (alpha + 1) * resumed.quota
-    assert len(resumed.rollout.positions) == (alpha + 1) * resumed.quota
+    _settle(resumed, most=10**6)
+    assert resumed.started_groups - 3 * resumed.quota == (alpha + 1) * resumed.quota
     staleness = []
     for version in (3, 4):
         staleness += [version - g.version for g in resumed.get_batch(version)]
@@ -283,7 +291,7 @@ def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alp
     cfg = load_config(
         None, [f"rollout.async_ratio={alpha}", "rollout.engine.backend=mock", "trainer.steps=2", "task.test_size=4"]
     )
-    group = WorkerGroup(cfg)
+    group = WorkerGroup(cfg, ConfiguredRolloutWorker)
     try:
         assert group.workers[0].background is (alpha > 0)
     finally:
@@ -298,7 +306,7 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     whole = _mock_worker(alpha, quota=2)
     first = [p for step in _train(whole, range(3)) for p in step]
     state = whole.state_dict()
-    assert state["prompts"]["skip"] or whole.trained_below == 6, "no group finished out of order"
+    assert state["prompts"]["skip"] or whole.trained.below == 6, "no group finished out of order"
     resumed = _mock_worker(alpha, quota=2)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
@@ -306,6 +314,7 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     trained = first + second
     assert len(set(trained)) == len(trained)  # nothing twice
     # Nothing skipped: every stream position below the final watermark was trained on.
-    owed = {resumed.stream.prompts[resumed.stream._order_for(0)[i]].id for i in range(resumed.trained_below)}
+    stream = resumed.producer.stream
+    owed = {stream.prompts[stream._order_for(0)[i]].id for i in range(resumed.trained.below)}
     assert owed <= set(trained)
-    assert resumed.trained_below >= 8
+    assert resumed.trained.below >= 8

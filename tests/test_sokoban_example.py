@@ -57,10 +57,10 @@ def test_the_shipped_sokoban_model_trains_from_the_example_and_is_evaluated(tmp_
 
 def test_an_episode_budget_never_passes_the_models_positions():
     """The shipped model knows 1024 positions; the default budget (2048) is capped to it."""
-    from cadence.rollout.episode_worker import EpisodeWorker
+    from cadence.assemble import ConfiguredRolloutWorker
 
     cfg = load_config(EXAMPLE, ["eval.before=false"])
     assert cfg.rollout.max_context_tokens == 2048
-    worker = EpisodeWorker(cfg)
-    assert worker.context_budget == 1024 == worker.rollout.max_context_tokens
+    worker = ConfiguredRolloutWorker(cfg)
+    assert worker.producer.max_context_tokens == 1024
     worker.close()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -73,6 +73,7 @@ class InferenceHub:
         self.parallel = parallel
         self.interrupt = interrupt
         self._force_swap = False
+        self.on_swap: Callable[[], None] | None = None  # told after weights went in (in the loop's thread)
         self._futures: dict[str, asyncio.Future[GenResult]] = {}
         self._where: dict[str, _Replica] = {}
         self._affinity: dict[str, int] = {}
@@ -181,6 +182,8 @@ class InferenceHub:
             state_dict, version = new
             for replica in self.replicas:
                 replica.engine.update_weights(state_dict, version)
+            if self.on_swap is not None:
+                self.on_swap()
 
     async def pump(self) -> bool:
         """One round (swap weights, hand over requests and aborts, one step each). False: idle."""

@@ -42,14 +42,18 @@ class SampleBuffer:
                 self.dropped_samples += sum(len(g.samples) for g in stale)
             return len(stale)
 
-    def get_batch(self, num_groups: int, trainer_version: int, timeout: float | None = None) -> list[Group]:
-        """Oldest fresh groups first; blocks until `num_groups` fresh ones exist."""
+    def wait_ready(self, num_groups: int, trainer_version: int, timeout: float | None = None) -> bool:
+        """Block until `num_groups` fresh groups exist (stale ones are dropped); False on timeout."""
         with self._cond:
-            ready = self._cond.wait_for(
+            return self._cond.wait_for(
                 lambda: self.evict_stale(trainer_version) >= 0 and len(self._groups) >= num_groups,
                 timeout=timeout,
             )
-            if not ready:
+
+    def get_batch(self, num_groups: int, trainer_version: int, timeout: float | None = None) -> list[Group]:
+        """Oldest fresh groups first; blocks until `num_groups` fresh ones exist."""
+        with self._cond:
+            if not self.wait_ready(num_groups, trainer_version, timeout):
                 raise TimeoutError(f"sample buffer: {len(self._groups)}/{num_groups} fresh groups")
             return [self._groups.popleft() for _ in range(num_groups)]
 

@@ -86,6 +86,7 @@ class RolloutWorker:
     ) -> None:
         self.producer = producer
         self.hub = hub
+        self.hub.on_swap = self._poke  # a swap that waited for requests in flight opens admission
         self.engine = hub.replicas[0].engine
         self.quota = quota
         self.alpha = alpha
@@ -106,7 +107,7 @@ class RolloutWorker:
         self.trained = TrainedKeys()
         self._keys: dict[int, int] = {}  # group id -> its key, until trained on
         self._tasks: set[asyncio.Task] = set()  # groups being played
-        self._loop = asyncio.new_event_loop()  # the loop the groups live on (the sim uses its own)
+        self._own_loop: asyncio.AbstractEventLoop | None = None  # made on first use (the simulator has its own)
         self._running: asyncio.AbstractEventLoop | None = None  # the loop _main runs on, while it runs
         self._changed: asyncio.Event | None = None  # admission may have room: a group ended, weights came
         self._stopping = threading.Event()
@@ -122,9 +123,11 @@ class RolloutWorker:
         stop = asyncio.Event()
         server = asyncio.ensure_future(self.hub.serve(stop))
         try:
-            while not until():
+            while True:
                 self._check()
                 self._admit()
+                if until():
+                    break
                 self.timeline.enter("generating" if self._tasks else "waiting")
                 if not self.background and not self._tasks and not self._room():
                     raise RuntimeError(f"rollout worker {self.index}: idle with an incomplete batch")
@@ -175,6 +178,13 @@ class RolloutWorker:
         self.producer.on_weights(version, version - self.alpha if self.extra else None)
         if self._changed is not None:
             self._changed.set()
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the groups live on, in the worker's thread or the caller's."""
+        if self._own_loop is None:
+            self._own_loop = asyncio.new_event_loop()
+        return self._own_loop
 
     def _in_loop(self, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn` where the groups live: now if no loop runs them, else on that loop."""
@@ -241,25 +251,24 @@ class RolloutWorker:
         if self.background:
             self.start()
             deadline = time.perf_counter() + timeout
-            while True:
-                self._check()
-                try:
-                    batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0.05)
-                    break
-                except TimeoutError:
-                    if time.perf_counter() > deadline:
-                        raise
+            while not self.buffer.wait_ready(self.quota, trainer_version, timeout=0.05):
+                self._check()  # a failed loop thread surfaces here, not as a timeout
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"sample buffer: {len(self.buffer)}/{self.quota} fresh groups")
         else:
             def ready() -> bool:
-                self.buffer.evict_stale(trainer_version)
-                return len(self.buffer) >= self.quota
+                return self.buffer.wait_ready(self.quota, trainer_version, timeout=0)
 
             try:
                 self._loop.run_until_complete(asyncio.wait_for(self.run(ready), timeout))
             except TimeoutError:
                 raise TimeoutError(f"sample buffer: {len(self.buffer)}/{self.quota} fresh groups") from None
-            batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0)
             self.timeline.enter("waiting")  # generation pauses while the caller trains
+        return self.take_batch(trainer_version)
+
+    def take_batch(self, trainer_version: int) -> list[Group]:
+        """The quota of fresh groups, which must be in the buffer already (get_batch waits)."""
+        batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0)
         self.handed_out += len(batch)
         for group in batch:
             self.trained.add(self._keys.pop(group.group_id))
@@ -333,8 +342,8 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.stop()
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self._cancel())
-            self._loop.close()
+        if self._own_loop is not None and not self._own_loop.is_closed():
+            self._own_loop.run_until_complete(self._cancel())
+            self._own_loop.close()
         self.producer.close()
         self.timeline.close()

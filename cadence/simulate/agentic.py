@@ -1,6 +1,6 @@
 """One simulated agentic run: episodes of generation turns and environment steps on a cluster.
 
-    SimEpisodeWorker (cadence's EpisodeWorker on mock replicas), one per rollout node
+    cadence's RolloutWorker on mock replicas, one per rollout node
         its EnvRollout (env-level async) or LockstepRollout (the synchronous baseline) runs
         run_episode for every episode: generate a turn on the hub, step the environment
         (EnvRunner: timeout, retries; AsyncLatencyEnv: cadence's latency draws), repeat
@@ -8,7 +8,7 @@
         v
     trainer coroutine: takes every worker's quota, is busy for the cost model's step time
         (+ weight sync, + the colocated switch, during which colocated engines are held),
-        then pushes version v+1 to every worker (EpisodeWorker.update_weights)
+        then pushes version v+1 to every worker (RolloutWorker.update_weights)
 
 All of it is cadence's asyncio code, run on a loop whose clock is virtual
 (`virtual_asyncio.py`): an environment's 10 s step is `asyncio.sleep(10)` in
@@ -21,24 +21,19 @@ and the turn format (lengths without text) are the simulator's own.
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 from cadence.envs.latency import with_latency
 from cadence.envs.runner import EnvRunner
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.env_rollout import EnvRollout
-from cadence.rollout.episode_worker import EpisodeWorker
 from cadence.rollout.lockstep import LockstepRollout
-from cadence.rollout.sample import Group
-from cadence.simulate.cluster import SimResult, StepRecord, layout, sim_engine, summarise
-from cadence.simulate.config import EnvSpec, SimConfig
-from cadence.simulate.costs import train_step_s, weight_sync_s
+from cadence.rollout.worker import RolloutWorker
+from cadence.simulate.cluster import ClusterSim, SimResult, sim_engine
+from cadence.simulate.config import SimConfig
 from cadence.simulate.stand_ins import LengthTokenizer, LengthTurns, TurnsEnv, answer_text
-from cadence.simulate.virtual_asyncio import VirtualTimeHub, VirtualTimeLoop
-from cadence.simulate.worker import NoTimeline
+from cadence.simulate.virtual_asyncio import VirtualTimeHub
+from cadence.simulate.worker import sim_worker
 
 
 class PrefixCachingEngine(MockEngine):
@@ -85,177 +80,50 @@ class PrefixCachingEngine(MockEngine):
         self._cached.pop(cache_key, None)
 
 
-class _SignalledBuffer(SampleBuffer):
-    """A SampleBuffer that also wakes the simulated trainer when a group arrives."""
+class AgenticSim(ClusterSim):
+    """The simulated run (ClusterSim) with episodes: the real worker over the real
+    `EnvRollout` (or `LockstepRollout`), environments with the latency draws and no world."""
 
-    def __init__(self, async_ratio: int, arrived: asyncio.Event) -> None:
-        super().__init__(async_ratio)
-        self.arrived = arrived
+    def __init__(self, cfg: SimConfig) -> None:
+        if cfg.env is None:
+            raise ValueError("an agentic simulation needs an env section (env.turns=..., env.latency.mean_s=...)")
+        super().__init__(cfg)
+        self.env = cfg.env
 
-    def put(self, group: Group) -> None:
-        super().put(group)
-        self.arrived.set()
+    def _engine(self, index: int) -> MockEngine:
+        return sim_engine(self.cfg, index, self.k, PrefixCachingEngine, answer_fn=answer_text)
 
-
-class SimEpisodeWorker(EpisodeWorker):
-    """cadence's EpisodeWorker with mock replicas behind a virtual-time hub.
-
-    Its admission loop (`_main`: admit under alpha, swap weights between engine rounds,
-    cancel extra groups that can no longer be fresh), `_allowed_groups`, `_swap_weights` and
-    `update_weights` are inherited unchanged; the constructor sets the fields they use, as
-    EpisodeWorker's does, without a model, a tokenizer or an environment registry to load."""
-
-    def __init__(
-        self, index: int, engines: list[MockEngine], quota: int, cfg: SimConfig, env: EnvSpec,
-        arrived: asyncio.Event, max_ticks: int,
-    ) -> None:
-        w, k = cfg.workload, cfg.tick()
-        self.index = index
-        self.background = True
-        self.cfg = None  # the sim's EnvSpec stands in for RunConfig.env (see _runner)
-        self.env = env
-        self.quota = quota
-        self.alpha = cfg.cluster.alpha
-        self.engines = engines
-        self.engine = engines[0]
-        self.hub = VirtualTimeHub(engines)
-        self.params = SamplingParams(max_new_tokens=max_ticks)
-        self.buffer = _SignalledBuffer(self.alpha, arrived)
-        self.extra_groups = env.extra_groups
+    def _worker(self, index: int, engines: list[MockEngine], quota: int, arrived: asyncio.Event) -> RolloutWorker:
+        cfg, env, w, k = self.cfg, self.env, self.cfg.workload, self.k
+        max_ticks = max(1, w.max_tokens // k)
+        hub = VirtualTimeHub(engines)
         turns = LengthTurns(max(1, round(w.prompt_tokens / k)), max(1, round(env.observation_tokens / k)))
         lockstep = {"batch_groups": quota} if env.mode == "lockstep" else {}
-        self.rollout = (LockstepRollout if lockstep else EnvRollout)(
-            self.hub, self._runner, LengthTokenizer(1), self.params, self.buffer, w.group_size,
+        env_seed = [cfg.run.seed * 1_000_003 + 10**6 * index]
+
+        async def make_env() -> object:
+            # async, so the runner builds it on the loop (virtual time) and not in its thread
+            env_seed[0] += 1
+            inner = TurnsEnv(env.min_turns or env.turns, env.turns, env_seed[0])
+            return with_latency(inner, **env.latency.model_dump(), instance=(index, env_seed[0]))
+
+        producer = (LockstepRollout if lockstep else EnvRollout)(
+            hub, lambda: EnvRunner(make_env, step_timeout_s=env.step_timeout_s, action_tag="answer"),
+            LengthTokenizer(1), SamplingParams(max_new_tokens=max_ticks), w.group_size,
             redundancy=env.redundancy, turns=turns, first_seed=10**6 * index,
             max_context_tokens=turns.prompt_ticks + env.turns * (max_ticks + turns.observation_ticks) + 1,
             **lockstep,
         )
-        self._env_seed = cfg.run.seed * 1_000_003 + 10**6 * index
-        self.version = 0
-        self.swaps = 0
-        self.started_groups = 0
-        self.handed_out = 0
-        self._slot_lock = threading.Lock()
-        self._new_weights = None
-        self._loop = None
-        self._wake = None
-        self._stopping = None
-        self._thread = None
-        self._error = None
-        self._born = 0.0
-        self.timeline = NoTimeline()
+        return sim_worker(index, hub, producer, quota, cfg.cluster.alpha, arrived, extra=env.extra_groups)
 
-    def _runner(self) -> EnvRunner:
-        e = self.env
-        return EnvRunner(self._make_env, step_timeout_s=e.step_timeout_s, action_tag="answer")
-
-    async def _make_env(self) -> object:
-        # async, so the runner builds it on the loop (virtual time) and not in its thread
-        self._env_seed += 1
-        e = self.env
-        inner = TurnsEnv(e.min_turns or e.turns, e.turns, self._env_seed)
-        return with_latency(inner, **e.latency.model_dump(), instance=(self.index, self._env_seed))
-
-    def busy_seconds(self) -> float:
-        return sum(e.stats()["busy_s"] for e in self.engines)
-
-    def stop_soon(self) -> None:
-        assert self._stopping is not None and self._wake is not None
-        self._stopping.set()
-        self._wake.set()
-
-
-class AgenticSim:
-    def __init__(self, cfg: SimConfig) -> None:
-        if cfg.env is None:
-            raise ValueError("an agentic simulation needs an env section (env.turns=..., env.latency.mean_s=...)")
-        self.cfg = cfg
-        self.env = cfg.env
-        self.layout = layout(cfg)
-        self.k = cfg.tick()
-        self.total_steps = cfg.run.warmup_steps + cfg.run.steps
-        self.records: list[StepRecord] = []
-        self.version = 0
-        self._sync_s = weight_sync_s(cfg.model, cfg.trainer)
-
-    def _build(self) -> None:
-        cfg, w, k = self.cfg, self.cfg.workload, self.k
-        self.arrived = asyncio.Event()
-        self.workers: list[SimEpisodeWorker] = []
-        engine_index = 0
-        for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
-            engines = []
-            for _ in range(replicas):
-                engines.append(sim_engine(cfg, engine_index, k, PrefixCachingEngine, answer_fn=answer_text))
-                engine_index += 1
-            self.workers.append(SimEpisodeWorker(index, engines, quota, cfg, self.env, self.arrived,
-                                                 max_ticks=max(1, w.max_tokens // k)))
-
-    async def _next_batch(self) -> list[Group]:
-        """Every worker's quota of fresh groups, oldest first (as WorkerGroup takes them)."""
-        while True:
-            for worker in self.workers:
-                worker.buffer.evict_stale(self.version)
-            if all(len(w.buffer) >= w.quota for w in self.workers if w.quota):
-                break
-            self.arrived.clear()
-            await self.arrived.wait()
-        batch = []
-        for worker in self.workers:
-            batch += worker.buffer.get_batch(worker.quota, self.version, timeout=0)
-            worker.handed_out += worker.quota
-            worker._poke()
-        return batch
-
-    async def _train(self) -> None:
-        cfg, loop = self.cfg, asyncio.get_running_loop()
-        for _ in range(self.total_steps):
-            batch = await self._next_batch()
-            samples = [s for g in batch for s in g.samples]
-            lengths = [self.k * (len(s.prompt_ids) + len(s.response_ids)) for s in samples]
-            seconds = train_step_s(cfg.model, cfg.gpu, cfg.trainer, lengths, self.layout.train_gpus)
-            seconds += self._sync_s + (cfg.trainer.colocate_switch_s if cfg.cluster.colocate else 0.0)
-            if cfg.cluster.colocate:  # the GPUs train: no engine round until the step is over
-                for worker in self.workers:
-                    worker.hub.hold_until(loop.time() + seconds)
-            await asyncio.sleep(seconds)
-            self.records.append(StepRecord(
-                end_s=loop.time(), train_s=seconds, samples=len(samples),
-                response_tokens=self.k * sum(sum(s.loss_mask) for s in samples),
-                staleness_mean=sum(self.version - g.version for g in batch) / max(1, len(batch)),
-                longest_response_tokens=self.k * max((len(s.response_ids) for s in samples), default=0),
-            ))
-            self.version += 1
-            for worker in self.workers:
-                worker.update_weights({}, self.version)
-
-    async def _main(self) -> None:
-        self._build()
-        ready = threading.Event()
-        tasks = [asyncio.ensure_future(w._main(ready)) for w in self.workers]
-        try:
-            await self._train()
-        finally:
-            for worker in self.workers:
-                worker.stop_soon()
-            await asyncio.gather(*tasks)
-
-    def run(self) -> SimResult:
-        began = time.process_time()
-        loop = VirtualTimeLoop()
-        try:
-            loop.run_until_complete(self._main())
-        finally:
-            loop.close()
-        result = summarise(self.cfg, self.layout, self.records, self.k, sum(w.busy_seconds() for w in self.workers))
+    def _counts(self) -> dict[str, float]:
         counts: dict[str, float] = {}
         for worker in self.workers:
-            for key, value in worker.rollout.counts.items():
+            rollout = worker.producer
+            for key, value in rollout.counts.items():  # type: ignore[attr-defined]
                 counts[key] = counts.get(key, 0) + value
-            counts["turns"] = counts.get("turns", 0) + worker.rollout.turn_total
-        result.counts = counts
-        result.cpu_s = time.process_time() - began
-        return result
+            counts["turns"] = counts.get("turns", 0) + rollout.turn_total  # type: ignore[attr-defined]
+        return counts
 
 
 def simulate_agentic(cfg: SimConfig) -> SimResult:

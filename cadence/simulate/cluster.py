@@ -1,7 +1,8 @@
 """One simulated run: rollout workers and a trainer on a virtual clock.
 
-    rollout workers (SimRolloutWorker: cadence's RolloutWorker on mock replicas)
-        | a producer round at a time; its groups are delivered when its engine step ends
+    rollout workers (cadence's RolloutWorker on mock replicas, simulate/worker.py)
+        | groups played as coroutines on a virtual-time loop; an engine round's results
+        | arrive when the round ends in virtual time (virtual_asyncio.py)
         v
     one SampleBuffer per worker (cadence's, with the run's alpha)
         | the trainer takes every worker's quota, oldest first, as WorkerGroup does
@@ -18,17 +19,18 @@ replicas; the prompts of a step are shared out in proportion to replicas.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import asdict, dataclass, field
 
 from cadence.inference.mock import MockEngine
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.sample import Group
-from cadence.simulate.clock import EventQueue
+from cadence.rollout.worker import RolloutWorker
 from cadence.simulate.config import SimConfig
 from cadence.simulate.costs import engine_latencies, replica_slots, train_step_s, weight_sync_s
 from cadence.simulate.theory import suggested_train_gpus
-from cadence.simulate.worker import SimRolloutWorker
+from cadence.simulate.virtual_asyncio import VirtualTimeLoop
+from cadence.simulate.worker import rlvr_worker
 
 
 def sim_engine(cfg: SimConfig, index: int, k: int, engine_class: type[MockEngine] = MockEngine,
@@ -104,99 +106,101 @@ class SimResult:
 
 
 class ClusterSim:
+    """An RLVR run; `AgenticSim` (agentic.py) is the same run with episodes."""
+
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.layout = layout(cfg)
-        k = cfg.tick()
-        self.k = k
-        w = cfg.workload
-        self.queue = EventQueue()
-        self.workers: list[SimRolloutWorker] = []
-        self.inboxes: list[SampleBuffer] = []
-        engine_index = 0
-        for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
-            engines = []
-            for _ in range(replicas):
-                engines.append(sim_engine(cfg, engine_index, k))
-                engine_index += 1
-            self.workers.append(SimRolloutWorker(
-                index, engines, quota, w.group_size, cfg.cluster.alpha, prompt_ticks=max(1, round(w.prompt_tokens / k)),
-                max_ticks=max(1, w.max_tokens // k), replicate=cfg.cluster.replicate_prompts, seed=cfg.run.seed + index,
-            ))
-            self.inboxes.append(SampleBuffer(cfg.cluster.alpha))
-        self.idle = [False] * len(self.workers)
-        self.version = 0
-        self.training = False
-        self.records: list[StepRecord] = []
+        self.k = cfg.tick()
         self.total_steps = cfg.run.warmup_steps + cfg.run.steps
+        self.records: list[StepRecord] = []
+        self.version = 0
         self._sync_s = weight_sync_s(cfg.model, cfg.trainer)
 
-    # -- rollout ---------------------------------------------------------------
-    def _round(self, i: int) -> None:
-        busy, seconds = self.workers[i].step()
-        finished = self.workers[i].take_finished()
-        if busy:
-            self.queue.after(seconds, lambda: self._round_done(i, finished))
-        else:
-            self.idle[i] = True  # alpha's allowance is used up: wait for weights
+    def _engine(self, index: int) -> MockEngine:
+        return sim_engine(self.cfg, index, self.k)
 
-    def _round_done(self, i: int, finished: list[Group]) -> None:
-        for group in finished:
-            self.inboxes[i].put(group)
-        self._maybe_train()
-        self._round(i)
-
-    # -- training --------------------------------------------------------------
-    def _maybe_train(self) -> None:
-        if self.training or len(self.records) >= self.total_steps:
-            return
-        for inbox, worker in zip(self.inboxes, self.workers, strict=True):
-            inbox.evict_stale(self.version)
-            if len(inbox) < worker.quota:
-                return
-        batch = [g for inbox, worker in zip(self.inboxes, self.workers, strict=True)
-                 for g in inbox.get_batch(worker.quota, self.version, timeout=0)]
-        samples = [s for g in batch for s in g.samples]
-        lengths = [self.k * (len(s.prompt_ids) + len(s.response_ids)) for s in samples]
-        seconds = train_step_s(self.cfg.model, self.cfg.gpu, self.cfg.trainer, lengths, self.layout.train_gpus)
-        seconds += self._sync_s + (self.cfg.trainer.colocate_switch_s if self.cfg.cluster.colocate else 0.0)
-        record = StepRecord(
-            end_s=0.0, train_s=seconds, samples=len(samples),
-            response_tokens=self.k * sum(len(s.response_ids) for s in samples),
-            staleness_mean=sum(self.version - g.version for g in batch) / max(1, len(batch)),
-            longest_response_tokens=self.k * max((len(s.response_ids) for s in samples), default=0),
+    def _worker(self, index: int, engines: list[MockEngine], quota: int, arrived: asyncio.Event) -> RolloutWorker:
+        cfg, w, k = self.cfg, self.cfg.workload, self.k
+        return rlvr_worker(
+            index, engines, quota, w.group_size, cfg.cluster.alpha, arrived, prompt_ticks=max(1, round(w.prompt_tokens / k)),
+            max_ticks=max(1, w.max_tokens // k), replicate=cfg.cluster.replicate_prompts, seed=cfg.run.seed + index,
         )
-        self.training = True
-        self.queue.after(seconds, lambda: self._step_done(record))
 
-    def _step_done(self, record: StepRecord) -> None:
-        record.end_s = self.queue.now
-        self.records.append(record)
-        self.version += 1
-        self.training = False
-        for i, worker in enumerate(self.workers):
-            worker.update_weights({}, self.version)
-            if self.idle[i]:
-                self.idle[i] = False
-                self.queue.after(0.0, lambda i=i: self._round(i))
-        self._maybe_train()
+    def _build(self) -> None:
+        self.arrived = asyncio.Event()
+        self.workers: list[RolloutWorker] = []
+        engine_index = 0
+        for index, (replicas, quota) in enumerate(zip(self.layout.replicas_per_worker, self.layout.quotas, strict=True)):
+            engines = [self._engine(engine_index + i) for i in range(replicas)]
+            engine_index += replicas
+            self.workers.append(self._worker(index, engines, quota, self.arrived))
 
-    # -- the run ---------------------------------------------------------------
+    async def _next_batch(self) -> list[Group]:
+        """Every worker's quota of fresh groups, oldest first (as WorkerGroup takes them)."""
+        while True:
+            for worker in self.workers:
+                worker.buffer.evict_stale(self.version)
+            if all(len(w.buffer) >= w.quota for w in self.workers if w.quota):
+                break
+            self.arrived.clear()
+            await self.arrived.wait()
+        batch = []
+        for worker in self.workers:
+            batch += worker.take_batch(self.version) if worker.quota else []
+        return batch
+
+    async def _train(self) -> None:
+        cfg, loop = self.cfg, asyncio.get_running_loop()
+        for _ in range(self.total_steps):
+            batch = await self._next_batch()
+            samples = [s for g in batch for s in g.samples]
+            lengths = [self.k * (len(s.prompt_ids) + len(s.response_ids)) for s in samples]
+            seconds = train_step_s(cfg.model, cfg.gpu, cfg.trainer, lengths, self.layout.train_gpus)
+            seconds += self._sync_s + (cfg.trainer.colocate_switch_s if cfg.cluster.colocate else 0.0)
+            if cfg.cluster.colocate:  # the GPUs train: no engine round until the step is over
+                for worker in self.workers:
+                    worker.hub.hold_until(loop.time() + seconds)
+            await asyncio.sleep(seconds)
+            self.records.append(StepRecord(
+                end_s=loop.time(), train_s=seconds, samples=len(samples),
+                response_tokens=self.k * sum(sum(s.loss_mask) if s.loss_mask else len(s.response_ids) for s in samples),
+                staleness_mean=sum(self.version - g.version for g in batch) / max(1, len(batch)),
+                longest_response_tokens=self.k * max((len(s.response_ids) for s in samples), default=0),
+            ))
+            self.version += 1
+            for worker in self.workers:
+                worker.update_weights({}, self.version)
+
+    async def _main(self) -> None:
+        self._build()
+        stopping = asyncio.Event()
+        tasks = [asyncio.ensure_future(w.run(stopping.is_set)) for w in self.workers]
+        try:
+            await self._train()
+        finally:
+            stopping.set()
+            for worker in self.workers:
+                worker._poke()
+            await asyncio.gather(*tasks)
+            for worker in self.workers:
+                await worker._cancel()
+
     def run(self) -> SimResult:
         began = time.process_time()
-        for i in range(len(self.workers)):
-            self.queue.at(0.0, lambda i=i: self._round(i))
-        self.queue.run(until=lambda: len(self.records) >= self.total_steps)
-        if len(self.records) < self.total_steps:
-            raise RuntimeError(f"the simulation stalled after {len(self.records)} steps")
-        for worker in self.workers:
-            worker.rollout.close()
-        result = self._result()
+        loop = VirtualTimeLoop()
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+        busy = sum(r.engine.stats()["busy_s"] for w in self.workers for r in w.hub.replicas)
+        result = summarise(self.cfg, self.layout, self.records, self.k, busy)
+        result.counts = self._counts()
         result.cpu_s = time.process_time() - began
         return result
 
-    def _result(self) -> SimResult:
-        return summarise(self.cfg, self.layout, self.records, self.k, sum(w.busy_seconds() for w in self.workers))
+    def _counts(self) -> dict[str, float]:
+        return {}
 
 
 def summarise(cfg: SimConfig, lay: Layout, records: list[StepRecord], k: int, engine_busy_s: float) -> SimResult:

@@ -11,7 +11,6 @@ import random
 from dataclasses import dataclass
 
 from cadence.data.tasks import Prompt
-from cadence.rewards.guard import RewardOutcome
 
 
 @dataclass
@@ -27,16 +26,6 @@ class LengthTokenizer:
 
     def __call__(self, text: str) -> _Encoded:
         return _Encoded([1] * self.length)
-
-
-class CoinReward:
-    """Scores a response 1 or 0 at random (seeded); the time it takes is not modelled."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def score(self, pairs: list[tuple[Prompt, str]]) -> list[RewardOutcome]:
-        return [RewardOutcome(float(self._rng.random() < 0.5)) for _ in pairs]
 
 
 def blank_prompts(count: int) -> list[Prompt]:

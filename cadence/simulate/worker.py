@@ -1,111 +1,70 @@
-"""A rollout worker whose engine replicas are mock engines costed like GPUs.
+"""The simulated rollout workers: cadence's `RolloutWorker`, over mock replicas on virtual time.
 
-It *is* cadence's `RolloutWorker` (a subclass): admission under the
-asynchronous ratio alpha (`_allowed_groups`), the producer round (`_tick`:
-swap queued weights, admit, one hub round, score what finished), interruptible
-weight swaps (`_swap_weights`, `update_weights`) and the whole `RLVRRollout`
-beneath it (queue scheduling, prompt replication, the hub's least-loaded
-routing over the worker's replicas) run unchanged. Only what a real worker
-loads in its constructor (a model, a tokenizer, a task, a reward guard) is
-replaced by stand-ins, so the constructor is the simulator's own.
-
-The simulator drives `step()` from its event queue instead of a thread: one
-call is one producer round, and it returns how long that round took on the
-replicas (they step in parallel, so the slowest one's step).
+Admission under the asynchronous ratio, the weight slot, the buffer, and the
+producers beneath (RLVR's queue scheduling and prompt replication, episodes'
+redundancy, retries and lock-step) are the real ones, run unchanged on the
+simulator's virtual-time loop. Only what a real worker loads (a model, a
+tokenizer, a task, a reward function, an environment) is replaced by
+stand-ins that cost nothing (stand_ins.py).
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import random
 
-from cadence.inference.hub import InferenceHub
+from cadence.data.tasks import Prompt
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
+from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRRollout, RolloutStats
+from cadence.rollout.rlvr import RLVRProducer
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
-from cadence.simulate.stand_ins import CoinReward, LengthTokenizer, blank_prompts
-
-NEVER_STALE = 10**9
-
-
-class NoTimeline:
-    """The dashboard's span recorder, switched off: virtual time has no wall-clock spans."""
-
-    def enter(self, state: str, step: int | None = None) -> None:
-        pass
-
-    def record(self, **fields: object) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+from cadence.simulate.stand_ins import LengthTokenizer, blank_prompts
+from cadence.simulate.virtual_asyncio import VirtualTimeHub
 
 
-class SimRolloutWorker(RolloutWorker):
-    def __init__(
-        self,
-        index: int,
-        engines: list[MockEngine],
-        quota: int,
-        group_size: int,
-        alpha: int,
-        prompt_ticks: int,
-        max_ticks: int,
-        replicate: bool = True,
-        seed: int = 0,
-    ) -> None:
-        # Not RolloutWorker.__init__: it loads a model, tokenizer, task and reward guard. The
-        # fields below are the ones the inherited scheduling methods use, set as it sets them.
-        self.index = index
-        self.background = True
-        self.spread = False
-        self.quota = quota
-        self.answers = group_size
-        self.alpha = alpha
-        self.extra = 0  # no dynamic filtering in the simulator
-        self.engines = engines
-        self.engine = engines[0]
-        self.hub = InferenceHub(engines)
-        self.reward = CoinReward(seed)
-        self.params = SamplingParams(max_new_tokens=max_ticks)
-        self.stream = PromptStream(blank_prompts(max(1, quota)), seed)
-        self.rollout = RLVRRollout(
-            self.hub, LengthTokenizer(prompt_ticks), self.stream, self.reward, self.params, group_size,
-            answers=group_size, replicate=replicate, slots=sum(e.max_batch_size for e in engines),
-        )
-        # Groups land here during a round; the simulator hands them to the trainer when the
-        # round's engine step ends in virtual time (not when Python computed it).
-        self.buffer = SampleBuffer(NEVER_STALE)
-        self.version = 0
-        self.swaps = 0
-        self.started_groups = 0
-        self.handed_out = 0
-        self.trained_below = 0
-        self.trained_above: set[int] = set()
-        self.stats = RolloutStats()
-        self.interrupt = True
-        self._lock = threading.Lock()
-        self._slot_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._new_weights = None
-        self._stop = threading.Event()
-        self._thread = None
-        self._error = None
-        self._born = 0.0
-        self.timeline = NoTimeline()
+class CoinScorer:  # the stand-in reward
+    """Scores a response 1 or 0 at random (seeded), at once: the time it takes is not modelled."""
 
-    def step(self) -> tuple[bool, float]:
-        """One producer round; (False: nothing to do until new weights, its seconds)."""
-        before = [e.clock() for e in self.engines]
-        busy = self._tick()
-        return busy, max(e.clock() - b for e, b in zip(self.engines, before, strict=True))
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
 
-    def take_finished(self) -> list[Group]:
-        """The groups the last round completed."""
-        return self.buffer.get_batch(len(self.buffer), 0, timeout=0)
+    async def score(self, prompt: Prompt, response: str) -> RewardOutcome:
+        return RewardOutcome(float(self._rng.random() < 0.5))
 
-    def busy_seconds(self) -> float:
-        return sum(e.stats()["busy_s"] for e in self.engines)
+
+class SignalledBuffer(SampleBuffer):
+    """A SampleBuffer that also wakes the simulated trainer when a group arrives."""
+
+    def __init__(self, async_ratio: int, arrived: asyncio.Event) -> None:
+        super().__init__(async_ratio)
+        self.arrived = arrived
+
+    def put(self, group: Group) -> None:
+        super().put(group)
+        self.arrived.set()
+
+
+def sim_worker(index: int, hub: VirtualTimeHub, producer: object, quota: int, alpha: int,
+               arrived: asyncio.Event, extra: int = 0) -> RolloutWorker:
+    """The real worker over `producer` on `hub`; groups it completes wake the trainer."""
+    worker = RolloutWorker(producer, hub, quota=quota, alpha=alpha, extra=extra, index=index)  # type: ignore[arg-type]
+    worker.buffer = SignalledBuffer(alpha, arrived)
+    return worker
+
+
+def rlvr_worker(index: int, engines: list[MockEngine], quota: int, group_size: int, alpha: int,
+                arrived: asyncio.Event, prompt_ticks: int, max_ticks: int, replicate: bool = True,
+                seed: int = 0) -> RolloutWorker:
+    """An RLVR rollout worker: blank prompts of `prompt_ticks` ids, answers of the engines'
+    lengths, coin-flip rewards."""
+    hub = VirtualTimeHub(engines)
+    producer = RLVRProducer(
+        hub, LengthTokenizer(prompt_ticks), PromptStream(blank_prompts(max(1, quota)), seed), CoinScorer(seed),
+        SamplingParams(max_new_tokens=max_ticks), group_size, replicate=replicate,
+        slots=sum(e.max_batch_size for e in engines),
+    )
+    return sim_worker(index, hub, producer, quota, alpha, arrived)
