@@ -226,7 +226,8 @@ def rhythm(
     temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy.")] = 0.0,
     stop: Annotated[
         list[str] | None,
-        typer.Option("--stop", help="Stop string ending the response (repeatable; \\n and \\t are understood)."),
+        typer.Option("--stop", help="Stop string ending the response (repeatable; \\n and \\t are understood); "
+                     "default: the stop string of the checkpoint's task (a newline for arith and chain)."),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     out: Annotated[str, typer.Option("--out", "-o", help="Where the PNG goes.")] = "rhythm.png",
@@ -247,7 +248,7 @@ def rhythm(
             overrides=rest,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            stop=[unescape(s) for s in stop or []],
+            stop=None if stop is None else [unescape(s) for s in stop],  # None: the checkpoint task's
             out=out,
             seed=seed,
             threads=threads,

@@ -200,6 +200,25 @@ class RhythmResult:
         )
 
 
+def default_stop(checkpoint: str) -> list[str]:
+    """The stop strings of the task the checkpoint learned, read from the config it was trained
+    with (`run_config.yaml` of a `cadence train` checkpoint, `sft_config.yaml` of a `cadence sft`
+    one): arith and chain answers end at a newline, so the built-in model's response is its answer,
+    not the answer and 120 tokens of filler. Anything else stops at EOS alone."""
+    import yaml
+
+    from cadence.data.arithmetic import TERMINATOR
+    from cadence.models.loading import resolve_model_path
+
+    folder = resolve_model_path(checkpoint)
+    for name in ("run_config.yaml", "sft_config.yaml"):
+        if (folder / name).is_file():
+            tree = yaml.safe_load((folder / name).read_text()) or {}
+            task = (tree.get("task") or {}).get("name", "arith")
+            return [TERMINATOR] if not tree.get("env") and task in ("arith", "chain") else []
+    return []
+
+
 def generate_response(
     policy,
     tokenizer,
@@ -291,6 +310,11 @@ def run_rhythm(
         prompt_ids = list(tokenizer(prompt).input_ids)
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
+        if stop is None:
+            stop = default_stop(checkpoint)
+            if stop:
+                notes.append(f"the response stops at {stop[0]!r}, the checkpoint's task's stop string "
+                             "(--stop to give others)")
         response_ids = generate_response(
             policy, tokenizer, prompt_ids, max_new_tokens, temperature, stop, seed
         )
