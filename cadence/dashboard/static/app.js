@@ -200,7 +200,7 @@ $("group").addEventListener("click", async (e) => {
       mode: "markers", type: "scatter", yaxis: "y3", marker: { color: "#e8743b" } },
   ], { ...LAYOUT, height: 300, margin: { ...LAYOUT.margin, r: 80 }, title: title(`${r.credit} credit · ${r.checkpoint}`),
        xaxis: { title: { text: "response token", standoff: 2 } }, yaxis: { ...YAXIS, title: { text: "WAAD" } },
-       yaxis2: { ...YAXIS, overlaying: "y", side: "right", title: { text: "FAI" } },
+       yaxis2: { ...YAXIS, tickmode: "auto", showgrid: false, overlaying: "y", side: "right", title: { text: "FAI" } },
        yaxis3: { overlaying: "y", side: "right", anchor: "free", position: 0.97, showticklabels: false } }, CONFIG);
   setHtml(toks, html`<div class="turn">${r.tokens.map((t, i) => html`<span class="tok${r.credited[i] ? " credited" : ""}" title="gamma ${fmt(r.gamma[i])} · WAAD ${fmt(r.waad[i])} · FAI ${fmt(r.fai[i])}">${t}</span>`)}</div>`);
 });
