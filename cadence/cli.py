@@ -274,11 +274,15 @@ def dashboard(
     sandbox_token: Annotated[
         str | None, typer.Option("--sandbox-token", help="Its token (default: $CADENCE_SANDBOX_TOKEN or its token file).")
     ] = None,
+    allow_host: Annotated[
+        list[str] | None, typer.Option("--allow-host", help="Another name the page may be opened by, e.g. a DNS "
+                                       "name of this machine (repeatable; '*': any). Others get 421.")
+    ] = None,
 ) -> None:
     """A web page of runs (live charts, the async pipeline, samples and episodes) and sandboxes."""
     from cadence.dashboard.serve import serve
 
-    serve(runs, host, port, sandbox, sandbox_token)
+    serve(runs, host, port, sandbox, sandbox_token, allow_hosts=allow_host)
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m cadence`
