@@ -50,7 +50,7 @@ class EvalConfig(Section):
         64, gt=0, description="Agentic runs: held-out episodes, on environment seeds training never uses."
     )
     every: int = Field(
-        0, ge=0, description="Also evaluate every N training steps, logged as eval/pass@1 etc. at "
+        25, ge=0, description="Also evaluate every N training steps, logged as eval/pass@1 etc. at "
         "that step (metrics.jsonl, TensorBoard); 0 = only before and after training."
     )
 
