@@ -6,6 +6,7 @@ QUICK_RUN = [
     "trainer.micro_batch_size=16",
     "eval.before=false",
     "eval.after=false",
+    "eval.every=0",
     "logging.progress=false",
     "logging.tensorboard=false",
     "task.test_size=8",
