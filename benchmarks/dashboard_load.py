@@ -197,6 +197,7 @@ def overhead(steps: int) -> dict:
     from harness import train_run
 
     quick = ["logging.progress=false", "logging.tensorboard=false", "eval.before=false", "eval.after=false",
+             "eval.every=0",
              "checkpoint.every=0", f"trainer.steps={steps}"]
     off = ["logging.events=false", "logging.samples_every=0"]
     times: dict[str, list[float]] = {"on": [], "off": []}

@@ -15,6 +15,7 @@ from typing import Any
 TIMING_ONLY = [
     "eval.before=false",
     "eval.after=false",
+    "eval.every=0",
     "logging.progress=false",
     "logging.tensorboard=false",
     "checkpoint.every=0",

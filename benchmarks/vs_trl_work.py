@@ -151,6 +151,7 @@ def cadence_overrides(kind: str, setting: Setting, model: str, steps: int, run_d
         "algorithm.kl.coef=0",
         "eval.before=false",
         "eval.after=false",  # every run is scored by the same evaluator afterwards
+        "eval.every=0",
         "logging.progress=false",
         "logging.tensorboard=false",
         "checkpoint.every=0",  # only the final weights are saved
