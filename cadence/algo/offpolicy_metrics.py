@@ -29,8 +29,10 @@ def normalised_ess(log_weights: Tensor) -> float:
     n = log_weights.numel()
     if n == 0:
         return 1.0
+    log_weights = log_weights.double()
     log_ess = 2 * torch.logsumexp(log_weights, 0) - torch.logsumexp(2 * log_weights, 0)
-    return float(torch.exp(log_ess) / n)
+    # <= 1 by Cauchy-Schwarz; the min() only absorbs rounding when every weight is equal.
+    return min(1.0, float(torch.exp(log_ess) / n))
 
 
 @torch.no_grad()

@@ -34,6 +34,8 @@ def test_ess_extremes_and_no_overflow():
     assert normalised_ess(T([0.3] * 5)) == pytest.approx(1.0)
     assert normalised_ess(T([0.0, 0.0, 0.0, 800.0])) == pytest.approx(0.25)  # one weight holds all
     assert normalised_ess(T([])) == 1.0
+    equal = torch.full((1000,), 0.1234, dtype=torch.float32)  # float32 rounding must not exceed 1
+    assert normalised_ess(equal) <= 1.0
 
 
 def test_policy_loss_reports_offpolicy_metrics_under_their_names():
