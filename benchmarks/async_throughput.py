@@ -34,6 +34,7 @@ docs/async.md between its markers.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import random
@@ -47,14 +48,14 @@ import torch
 from cadence.config import load_config
 from cadence.data.tasks import build_task
 from cadence.inference.embedded import EmbeddedEngine
+from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.report import write_doc_table
 from cadence.rewards.guard import RewardOutcome
-from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRRollout
+from cadence.rollout.rlvr import RLVRProducer
 from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
@@ -122,7 +123,7 @@ GENERATION_MODES = {
 
 
 def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, slots: int = 32, seed: int = 0) -> float:
-    """Seconds to generate one training batch (16 prompts x 8 long-tailed answers) via RLVRRollout."""
+    """Seconds to generate one training batch (16 prompts x 8 long-tailed answers) via RLVRProducer."""
     torch.set_num_threads(1)  # one engine, one core: the rollout worker's share
     cfg = load_config(None, [*COMMON, *LONG_TAIL])
     tok = load_tokenizer("builtin")
@@ -135,22 +136,28 @@ def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, s
     task = build_task(cfg.task)
     rng = random.Random(seed)
     sim = cfg.rollout.simulate_lengths
-    rollout = RLVRRollout(
-        engine, tok, PromptStream(task.prompts("train", 64, seed), seed), _NoReward(),
+    hub = InferenceHub([engine])
+    producer = RLVRProducer(
+        hub, tok, PromptStream(task.prompts("train", 64, seed), seed), _NoReward(),
         SamplingParams(max_new_tokens=sim.max_tokens, temperature=1.0), cfg.rollout.group_size,
         length_sampler=lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma)))),
         replicate=replicate, slots=slots,
     )
+
+    async def one_batch() -> None:
+        plays = [producer.play(producer.next_key(), gid) for gid in range(cfg.rollout.prompts_per_step)]
+        await hub.serving(asyncio.gather(*plays))
+
     began = engine.clock() if engine_kind == "mock" else time.perf_counter()
-    rollout.produce(cfg.rollout.prompts_per_step, SampleBuffer(0))
+    asyncio.run(one_batch())
     return (engine.clock() if engine_kind == "mock" else time.perf_counter()) - began
 
 
 class _NoReward:
     """Scoring is not what this table times."""
 
-    def score(self, pairs: list) -> list:
-        return [RewardOutcome(0.0) for _ in pairs]
+    async def score(self, prompt: object, response: str) -> RewardOutcome:
+        return RewardOutcome(0.0)
 
 
 def generation_table() -> list[dict]:

@@ -90,44 +90,48 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
     from cadence.inference.hub import InferenceHub
     from cadence.inference.types import SamplingParams
     from cadence.models.loading import load_policy, load_tokenizer
-    from cadence.rollout.buffer import SampleBuffer
     from cadence.rollout.env_rollout import EnvRollout
     from cadence.sandbox.hosted_env import HostedEnv
 
     torch.set_num_threads(1)
     tokenizer = load_tokenizer("builtin")
     hub = InferenceHub([EmbeddedEngine(load_policy("builtin").eval(), tokenizer, max_batch_size=16, seed=0)])
-    buffer = SampleBuffer(async_ratio=0)
 
     def make_env() -> HostedEnv:
         return HostedEnv(url, TOKEN, source=LEDGER, class_name="Ledger", step_timeout_s=3.0)
 
     rollout = EnvRollout(
         hub, lambda: EnvRunner(make_env, step_timeout_s=15.0, action_tag=None), tokenizer,
-        SamplingParams(max_new_tokens=8), buffer, group_size, max_retries=50, max_context_tokens=512,
+        SamplingParams(max_new_tokens=8), group_size, max_retries=50, max_context_tokens=512,
     )
     groups = episodes // group_size
+    finished: list = []
+
+    async def play(gid: int) -> None:
+        group = await rollout.play(rollout.next_key(), gid)
+        if group is not None:
+            finished.append(group)
+            progress[0] = len(finished) * group_size
 
     async def main() -> None:
         stop = asyncio.Event()
         server = asyncio.create_task(hub.serve(stop))
-        admitted = 0
+        running: set[asyncio.Task] = set()
         try:
-            while rollout.counts["groups"] + rollout.counts["groups_dropped"] < groups:
-                while admitted < groups and rollout.in_flight() + group_size <= in_flight:
-                    rollout.admit(1)
-                    admitted += 1
-                rollout.groups_done.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(rollout.groups_done.wait(), 1.0)
-                progress[0] = rollout.counts["groups"] * group_size
+            for gid in range(groups):
+                while rollout.in_flight() + group_size > in_flight:  # at most `in_flight` episodes at a time
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    running = {t for t in running if not t.done()}
+                running.add(asyncio.ensure_future(play(gid)))
+                await asyncio.sleep(0)  # the group opens: its episodes count as in flight
+            await asyncio.gather(*running)
         finally:
-            await rollout.close()
+            await rollout.cancel()
             stop.set()
             await server
 
     asyncio.run(main())
-    samples = [s for g in buffer.get_batch(len(buffer), 0) for s in g.samples]
+    samples = [s for g in finished for s in g.samples]
     counts = rollout.counts
     return {"completed": len(samples), "lost": counts["groups_dropped"] * group_size,
             "groups_dropped": counts["groups_dropped"], "retried_episodes_attempts": counts["retried"],

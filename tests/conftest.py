@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.models.tiny import save_tiny
+from tests.tiny_models import save_tiny
 
 # Two cores: oversubscribed torch threads make small matmuls many times slower.
 torch.set_num_threads(1)

@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cadence.cli import app
-from cadence.models.tiny import char_tokenizer, save_tiny
+from cadence.models.tiny import char_tokenizer
 from cadence.observe.rhythm_plot import token_label
 from cadence.recipes.rhythm import rollout_record
+from tests.tiny_models import save_tiny
 
 runner = CliRunner()
 SUMMARY = re.compile(

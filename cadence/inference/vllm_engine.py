@@ -309,10 +309,6 @@ class VLLMEngine:
         version, internal, gauss = state["seeds"]
         self._seeds.setstate((version, tuple(internal), gauss))
 
-    def reseed(self, seed: int) -> None:
-        """Restart the sequence of per-request seeds, as if the engine had been made with `seed`."""
-        self._seeds = random.Random(seed)
-
     def close(self) -> None:
         """Stop vLLM's processes and remove the weight-update folder this engine made."""
         if self._closed:

@@ -83,10 +83,3 @@ def tiny_model(arch: str = "llama", seed: int = 0, **config_kwargs) -> PreTraine
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs))
     return model.eval()
-
-
-def save_tiny(path: str, arch: str = "llama", seed: int = 0, **config_kwargs) -> str:
-    """Write a tiny model and its tokenizer to `path` in Hugging Face format."""
-    tiny_model(arch, seed, **config_kwargs).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path

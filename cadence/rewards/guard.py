@@ -49,8 +49,6 @@ from typing import TYPE_CHECKING, Any
 from cadence.data.tasks import Prompt
 
 if TYPE_CHECKING:
-    from cadence.data.tasks import Task
-    from cadence.rewards.config import RewardConfig
     from cadence.rewards.verifiers import RewardFn
 
 MAX_BATCH = 64  # pairs per message to one worker
@@ -227,13 +225,6 @@ class RewardGuard:
         if self._failure is not None:
             raise RuntimeError("reward workers failed to start") from self._failure
 
-    @classmethod
-    def from_config(cls, cfg: RewardConfig, task: Task | None = None) -> RewardGuard:
-        """Build the configured reward and guard it with the configured limits."""
-        from cadence.rewards.verifiers import build_reward
-
-        return cls(build_reward(cfg, task), cfg.timeout_s, cfg.workers)
-
     # ----------------------------------------------------------------- public API
 
     def submit(self, prompt: Prompt, response: str) -> Future[RewardOutcome]:
@@ -272,10 +263,6 @@ class RewardGuard:
         if futures:
             done.wait()
         return [future.result() for future in futures]
-
-    def score_one(self, prompt: Prompt, response: str) -> RewardOutcome:
-        """Score a single pair, blocking."""
-        return self.submit(prompt, response).result()
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction: calls, errors (by type), timeouts, mean seconds.

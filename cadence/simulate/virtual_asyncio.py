@@ -1,7 +1,7 @@
 """asyncio on virtual time: cadence's async rollout code, run as a discrete-event simulation.
 
 The agentic rollout (`EnvRollout`, `LockstepRollout`, `run_episode`, the
-`EnvRunner`'s step timeouts, `AsyncLatencyEnv`'s delays, `EpisodeWorker`'s
+`EnvRunner`'s step timeouts, `AsyncLatencyEnv`'s delays, `RolloutWorker`'s
 admission loop) is asyncio code. Rather than re-write it as events, the
 simulator runs it unchanged on an event loop whose clock is virtual:
 

@@ -56,10 +56,6 @@ class DataParallel:
         self.strategy = strategy
         self.cpu_offload = cpu_offload
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     # -- the model ------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP wrapper, or the same module sharded in place by FSDP2."""

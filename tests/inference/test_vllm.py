@@ -7,6 +7,7 @@ the configuration checks at the end run either way.
 from __future__ import annotations
 
 import os
+import random
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cadence.inference.config import EngineConfig, VLLMEngineConfig, build_engine
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
-from cadence.models.tiny import save_tiny
+from tests.tiny_models import save_tiny
 
 pytestmark = pytest.mark.vllm
 
@@ -133,7 +134,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(setup):
     params = SamplingParams(max_new_tokens=20, temperature=1.0, ignore_eos=True)
 
     def run(seed: int, prompts: list[str]) -> list[int]:
-        engine.reseed(seed)
+        engine.load_sampling_state({"seeds": random.Random(seed).getstate()})
         reqs = [
             GenRequest(f"seed{seed}-{i}", encode(tok, p), params) for i, p in enumerate(prompts)
         ]
@@ -258,7 +259,7 @@ def test_sampling_state_restores_the_request_seeds(setup):
         reqs = [GenRequest(f"{prefix}{i}", encode(tok, p), params) for i, p in enumerate(PROMPTS)]
         return [(r.token_ids, r.logprobs) for r in engine.generate(reqs)]
 
-    engine.reseed(3)
+    engine.load_sampling_state({"seeds": random.Random(3).getstate()})
     state = engine.sampling_state()
     first = run("s")
     assert run("t") != first

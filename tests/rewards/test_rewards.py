@@ -249,7 +249,7 @@ def test_guard_scores_in_order(guard):
 
 
 def test_guard_counts_a_raising_function(guard):
-    outcome = guard.score_one(P("1"), "raise")
+    outcome = guard.score([(P("1"), "raise")])[0]
     assert (
         isinstance(outcome, RewardOutcome)
         and outcome.reward == 0.0
@@ -258,7 +258,7 @@ def test_guard_counts_a_raising_function(guard):
     stats = guard.stats()
     assert stats["errors"] == 1 and stats["error_types"] == {"ValueError": 1}
     assert stats["last_error"] == "ValueError: bad response" and stats["timeouts"] == 0
-    assert guard.score_one(P("1"), "1").reward == 1.0
+    assert guard.score([(P("1"), "1")])[0].reward == 1.0
 
 
 def test_guard_rejects_non_finite_and_non_numeric(guard):
@@ -270,11 +270,11 @@ def test_guard_rejects_non_finite_and_non_numeric(guard):
 
 def test_guard_kills_a_hanging_function_and_keeps_working(guard):
     start = time.monotonic()
-    outcome = guard.score_one(P("1"), "hang")
+    outcome = guard.score([(P("1"), "hang")])[0]
     assert time.monotonic() - start < 10
     assert outcome.reward == 0.0 and outcome.error.startswith("Timeout")
     assert guard.stats()["timeouts"] == 1 and guard.stats()["errors"] == 0
-    assert guard.score_one(P("2"), "2").reward == 1.0
+    assert guard.score([(P("2"), "2")])[0].reward == 1.0
     # A hang inside a batch only costs that pair: the rest are re-queued and scored.
     outcomes = guard.score([(P("1"), "1"), (P("1"), "hang"), (P("2"), "2"), (P("3"), "x")])
     assert [o.reward for o in outcomes] == [1.0, 0.0, 1.0, 0.0]
@@ -301,6 +301,6 @@ def test_guard_parallel_workers_and_futures():
 
 def test_guard_from_config_with_math_verify():
     cfg = RewardConfig(name="math_verify", timeout_s=10.0, extract="none")
-    with RewardGuard.from_config(cfg, build_task(TaskConfig())) as g:
+    with RewardGuard(build_reward(cfg, build_task(TaskConfig())), cfg.timeout_s, cfg.workers) as g:
         a, b = g.score([(P("0.5"), "\\frac{1}{2}"), (P("0.5"), "3")])
     assert (a.reward, b.reward) == (1.0, 0.0) and a.error is None
