@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import importlib.util
 import json
 import marshal
@@ -30,11 +31,13 @@ import shutil
 import site
 import subprocess
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 
 from cadence.sandbox import seccomp, staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
+from cadence.sandbox.system_view import system_view
 
 SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 # The agent's modules, dependencies first; the last one runs as __main__ (see agent.py).
@@ -54,7 +57,8 @@ WORKSPACE = "/workspace"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the unisolated fallback's interpreter when ours is private
 # Neutral paths inside a sandbox for what it is shown of the host beyond /usr (read-only).
 PYTHON_HOME = "/opt/python"  # the interpreter's installation
-SITE_ROOT = "/opt/site"  # site-packages outside it (a venv's)
+SITE_ROOT = "/opt/site"  # site-packages outside it beyond a venv's first
+VENV_ROOT = "/opt/venv"  # a venv: its pyvenv.cfg and bin/python3 (made here), its site-packages
 CODE_ROOT = "/opt/code"  # code a hosted environment needs (one package or one file)
 PYTHON_PACKAGES = ("site", "none")
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
@@ -104,6 +108,7 @@ class Runtime:
     prefix: str  # the installation it belongs to: its standard library is under prefix/lib
     site_dirs: tuple[str, ...]
     magic: str  # bytecode magic number (hex)
+    venv: bool = False  # a virtualenv's interpreter (its site-packages outside prefix)
 
 
 @functools.lru_cache(maxsize=8)
@@ -112,21 +117,21 @@ def python_runtime(python: str | None = None) -> Runtime:
     # Not realpath: a venv's python is a link to its base's, and the venv's packages would be lost.
     if python is None or os.path.abspath(shutil.which(python) or python) == os.path.abspath(sys.executable):
         exe, base, sites = sys.executable, sys.base_prefix, site.getsitepackages()
-        magic = importlib.util.MAGIC_NUMBER.hex()
+        magic, venv = importlib.util.MAGIC_NUMBER.hex(), sys.prefix != sys.base_prefix
     else:
         exe = shutil.which(python) or python
         probe = ("import importlib.util,json,site,sys;print(json.dumps([sys.base_prefix,"
-                 "site.getsitepackages(),importlib.util.MAGIC_NUMBER.hex()]))")
+                 "site.getsitepackages(),importlib.util.MAGIC_NUMBER.hex(),sys.prefix!=sys.base_prefix]))")
         try:
             out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30, check=True)
         except (OSError, subprocess.SubprocessError) as e:
             raise IsolationUnavailable(f"python={python}: cannot run it ({e}); give a working interpreter") from e
-        base, sites, magic = json.loads(out.stdout)
+        base, sites, magic, venv = json.loads(out.stdout)
     real = os.path.realpath(exe)
     prefix = os.path.realpath(base)
     if not _under(real, prefix):  # e.g. a venv whose python is a copy: its own bin/ holds it
         prefix = os.path.dirname(os.path.dirname(real))
-    return Runtime(real, prefix, tuple(s for s in sites if os.path.isdir(s)), magic)
+    return Runtime(real, prefix, tuple(s for s in sites if os.path.isdir(s)), magic, venv)
 
 
 def _under(path: str, folder: str) -> bool:
@@ -157,8 +162,10 @@ class PythonView:
 def python_view(rt: Runtime, packages: str) -> PythonView:
     """The interpreter's installation read-only at PYTHON_HOME (a neutral path: no host home or
     checkout path inside), or where it is when it lives under /usr (already visible). With
-    packages="site" its site-packages (and a venv's, at SITE_ROOT/N) are importable; with
-    "none" only the standard library is: the site-packages folders are covered up."""
+    packages="site" its site-packages are importable; with "none" only the standard library is:
+    the site-packages folders are covered up. A venv's interpreter is a venv inside too, at
+    VENV_ROOT (a pyvenv.cfg pointing at the base, its site-packages bound in): so `python3`
+    and `sys.executable -I` started by code find the venv's packages, as they do on the host."""
     binds: list[tuple[str, str]] = []
     env: dict[str, str] = {}
     if _under(rt.prefix, "/usr"):
@@ -172,25 +179,56 @@ def python_view(rt: Runtime, packages: str) -> PythonView:
         lib = os.path.join(rt.prefix, "lib")
         if os.path.isdir(lib) and any(n.startswith("libpython") for n in os.listdir(lib)):
             env["LD_LIBRARY_PATH"] = inside(lib)  # its RUNPATH is the host path
+    executable = inside(rt.executable)
     site_dirs, hidden, extra = [], [], []
-    for i, d in enumerate(rt.site_dirs):
+    for d in rt.site_dirs:
         seen = inside(d) if _under(d, rt.prefix) else d if _under(d, "/usr") else None
         if packages == "none":
             if seen is not None:
                 hidden.append(seen)
             continue
-        if seen is None:
-            seen = f"{SITE_ROOT}/{i}"
+        if seen is None and rt.venv and executable == inside(rt.executable):  # the venv's own
+            pyver = os.path.basename(os.path.dirname(d))  # lib/python3.X/site-packages
+            seen = f"{VENV_ROOT}/lib/{pyver}/site-packages"
+            binds += [(_venv_skeleton(executable, pyver), VENV_ROOT), (d, seen)]
+            executable = f"{VENV_ROOT}/bin/python3"
+        elif seen is None:
+            seen = f"{SITE_ROOT}/{len(extra)}"
             binds.append((d, seen))
             extra.append(seen)
         site_dirs.append(seen)
-    if extra:  # a venv's packages, for `python3` run as a command too
+    if extra:  # further site folders, for `python3` run as a command too
         env["PYTHONPATH"] = ":".join(extra)
     if not _under(rt.prefix, "/usr"):  # a venv's base packages stay out of `python3` commands too
         for d in sorted(glob.glob(os.path.join(rt.prefix, "lib", "python3*", "site-packages"))):
             if d not in rt.site_dirs and inside(d) not in hidden:
                 hidden.append(inside(d))
-    return PythonView(binds, hidden, inside(rt.executable), site_dirs, env)
+    return PythonView(binds, hidden, executable, site_dirs, env)
+
+
+def _venv_skeleton(base_executable: str, pyver: str) -> str:
+    """A host folder shown at VENV_ROOT: pyvenv.cfg naming the base interpreter's folder inside
+    the sandbox, bin/python3 linking to it, and an empty site-packages (a mount point). Made once
+    per (interpreter, version), in staging.VIEWS (ours, writable by nobody else)."""
+    name = "venv-" + hashlib.sha256(f"{base_executable}:{pyver}".encode()).hexdigest()[:16]
+    folder = os.path.join(staging.root(staging.VIEWS), name)
+    if os.path.isdir(folder):
+        return folder
+    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=staging.root(staging.VIEWS))
+    os.makedirs(os.path.join(tmp, "bin"))
+    os.makedirs(os.path.join(tmp, "lib", pyver, "site-packages"))
+    with open(os.path.join(tmp, "pyvenv.cfg"), "w") as f:
+        f.write(f"home = {os.path.dirname(base_executable)}\ninclude-system-site-packages = false\n")
+    for link in ("python3", "python"):
+        os.symlink(base_executable, os.path.join(tmp, "bin", link))  # resolved inside the sandbox
+    for dirpath, _, _ in os.walk(tmp):
+        os.chmod(dirpath, 0o755)  # mkdtemp made it 0700: the sandbox's own uid walks through it
+    os.chmod(os.path.join(tmp, "pyvenv.cfg"), 0o644)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 @functools.lru_cache(maxsize=2)
@@ -208,21 +246,6 @@ def _agent_payload(magic: str) -> bytes:
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
-
-
-def _system_view() -> list[str]:
-    """Read-only /usr and what merged-/usr systems link into it; a few files ld.so and /usr/bin
-    links need from /etc."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/lib", "/lib64", "/lib32", "/bin", "/sbin"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    for path in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    return args
 
 
 def _host_uid() -> int | None:
@@ -266,8 +289,9 @@ def _unisolated_runtime(rt: Runtime, python: str | None, switching_uid: bool) ->
 
 
 def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False,
-           python_packages: str = "site", mounts: tuple[Mount, ...] = ()) -> Launch:
-    """The command that starts one sandbox agent, isolated by bwrap (or, with the opt-in, not)."""
+           python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False) -> Launch:
+    """The command that starts one sandbox agent, isolated by bwrap (or, with the opt-in, not).
+    `dev_tools`: show /usr whole, debuggers and compilers included (system_view.py)."""
     if python_packages not in PYTHON_PACKAGES:
         raise ValueError(f"python_packages={python_packages!r}: use one of {PYTHON_PACKAGES}")
     uid = _host_uid()
@@ -300,7 +324,6 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     if bwrap is None:
         warnings.warn(UNISOLATED_WARNING, stacklevel=3)
         print(UNISOLATED_WARNING, file=sys.stderr, flush=True)
-        import tempfile
 
         ws = tempfile.mkdtemp(prefix="cadence-sandbox-")
         if uid is not None:
@@ -315,7 +338,7 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     argv = [
         bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1",
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv",
-        *_system_view(),
+        *system_view(dev_tools, keep=(rt.executable,)),
     ]
     stage: list[str] = []
     for host, inside in [*view.binds, *((m.host, m.inside) for m in mounts)]:

@@ -85,16 +85,18 @@ FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes millisecon
 class LocalSandbox:
     def __init__(self, limits: Limits | None = None, python: str | None = None,
                  allow_unisolated: bool = False, sandbox_id: str | None = None,
-                 python_packages: str = "site", mounts: tuple[Mount, ...] = ()) -> None:
+                 python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False) -> None:
         """`python`: the interpreter inside (None: the one running cadence); `python_packages`:
         "site" (its site-packages importable, read-only) or "none" (standard library only);
-        `mounts`: host code shown read-only under /opt/code (hosted environments)."""
+        `mounts`: host code shown read-only under /opt/code (hosted environments); `dev_tools`:
+        the host's debuggers and compilers too (hidden by default, system_view.py)."""
         self.id = sandbox_id or uuid.uuid4().hex[:12]
         self.limits = limits or Limits()
         self.python = python
         self.allow_unisolated = allow_unisolated
         self.python_packages = python_packages
         self.mounts = tuple(mounts)
+        self.dev_tools = dev_tools
         self.proc: subprocess.Popen | None = None
         self.isolated = False
         self.started_at = 0.0
@@ -110,7 +112,8 @@ class LocalSandbox:
         CPU priority, so that it does not slow the calls being served; the agent is put back to
         normal priority once up. Only as root, which may raise a priority back."""
         t0 = time.perf_counter()
-        spec = launch(self.limits, self.python, self.allow_unisolated, self.python_packages, self.mounts)
+        spec = launch(self.limits, self.python, self.allow_unisolated, self.python_packages, self.mounts,
+                      self.dev_tools)
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it

@@ -26,6 +26,8 @@ from cadence.sandbox.models import IsolationUnavailable
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_SLAVE, MNT_DETACH = 4096, 16384, 1 << 19, 2
 ROOT = os.path.join(tempfile.gettempdir(), f"cadence-sandbox-stage-{os.geteuid()}")
+# Folders made for sandboxes to see, read-only (a venv's skeleton, bin folders without debuggers).
+VIEWS = os.path.join(tempfile.gettempdir(), f"cadence-sandbox-views-{os.geteuid()}")
 
 _thread = threading.local()  # per thread: has it moved into its private mount namespace
 
@@ -37,18 +39,19 @@ def _libc_call(name: str, *args: object) -> None:
         raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def _root() -> str:
-    """The staging folder: ours, and writable by nobody else (its entries become mount targets)."""
+def root(folder: str = ROOT) -> str:
+    """The staging folder (or VIEWS): ours, and writable by nobody else (its entries become mount
+    targets, or what sandboxes are shown)."""
     try:
-        os.mkdir(ROOT, 0o755)
+        os.mkdir(folder, 0o755)
     except FileExistsError:
         pass
-    st = os.lstat(ROOT)
+    st = os.lstat(folder)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise IsolationUnavailable(f"{ROOT}: not a folder of this user that only it can write; remove it")
+        raise IsolationUnavailable(f"{folder}: not a folder of this user that only it can write; remove it")
     if st.st_mode & 0o777 != 0o755:
-        os.chmod(ROOT, 0o755)  # mkdir's mode went through the umask; bwrap's uid walks through it
-    return ROOT
+        os.chmod(folder, 0o755)  # mkdir's mode went through the umask; bwrap's uid walks through it
+    return folder
 
 
 def staged_path(host_path: str) -> str:
@@ -57,7 +60,7 @@ def staged_path(host_path: str) -> str:
     real = os.path.realpath(host_path)
     is_dir = os.path.isdir(real)
     name = hashlib.sha256(real.encode()).hexdigest()[:20] + (".d" if is_dir else ".f")
-    point = os.path.join(_root(), name)
+    point = os.path.join(root(), name)
     try:
         if is_dir:
             os.mkdir(point, 0o755)

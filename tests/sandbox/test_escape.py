@@ -286,3 +286,19 @@ def test_code_cannot_reach_the_agent_or_its_parent(escape_box):
     lines = r.stdout.splitlines()
     assert len(lines) == 11 and all(line.endswith(" denied") for line in lines), r.stdout
     assert escape_box.exec("unshare -U true").exit_code != 0  # the command as well as the syscall
+
+
+def test_no_debuggers_or_compilers_unless_asked():
+    """Finding 2 of issue 26: the host's /usr brought gdb and gcc in. The view hides debuggers,
+    tracers, compilers and linkers (and their back ends) unless dev_tools=True asks for them."""
+    tools = "gdb gcc cc strace ltrace ld as objdump"
+    present = [t for t in tools.split() if os.path.exists(f"/usr/bin/{t}")]
+    if not present:
+        pytest.skip("this host has none of the tools to hide")
+    look = f"for t in {' '.join(present)}; do command -v $t; done; ls /usr/lib/gcc 2>/dev/null | wc -l"
+    with LocalSandbox(LIMITS) as sb:
+        r = sb.exec(look)
+        assert r.stdout.splitlines() == ["0"], r.stdout  # none on PATH; /usr/lib/gcc empty
+        assert sb.exec("ls /bin/sh /usr/bin/env && python3 -c 'print(1)'").exit_code == 0
+    with LocalSandbox(LIMITS, dev_tools=True) as sb:
+        assert len(sb.exec(look).stdout.splitlines()) == len(present) + 1

@@ -223,8 +223,9 @@ def test_the_host_interpreter_and_its_packages_are_there_read_only():
         r = sb.exec(code="import sys, numpy; print(sys.version); print(sys.executable); print(numpy.__file__)")
         version, exe, numpy_file = r.stdout.strip().splitlines()
         assert version == sys.version
-        if not sys.base_prefix.startswith("/usr"):
-            assert exe.startswith(isolation.PYTHON_HOME + "/") and numpy_file.startswith(isolation.PYTHON_HOME + "/")
+        if not sys.base_prefix.startswith("/usr"):  # neutral paths: the installation's, or a venv's
+            assert exe.startswith((isolation.PYTHON_HOME + "/", isolation.VENV_ROOT + "/"))
+            assert numpy_file.startswith((isolation.PYTHON_HOME + "/", isolation.VENV_ROOT + "/"))
         assert sb.exec("python3 -c 'import numpy; print(numpy.__version__)'").stdout.strip() == numpy.__version__
         w = sb.exec(f"touch {os.path.dirname(numpy_file)}/x {os.path.dirname(exe)}/x")
         assert w.exit_code != 0 and "Read-only file system" in w.stderr
@@ -242,7 +243,8 @@ def test_python_packages_none_is_the_standard_library_only():
 
 
 def test_a_venv_interpreter_brings_its_own_packages_only(tmp_path):
-    """python= a venv: its site-packages at /opt/site/0 (code and commands), its base's hidden."""
+    """python= a venv: a venv inside too (at /opt/venv, its site-packages importable from code and
+    commands), its base's packages hidden."""
     import subprocess
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
@@ -251,7 +253,12 @@ def test_a_venv_interpreter_brings_its_own_packages_only(tmp_path):
     with LocalSandbox(Limits(wall_s=20, cpu_s=20), python=str(tmp_path / "venv" / "bin" / "python")) as sb:
         assert sb.exec(code="import venvmod; print(venvmod.X)").stdout == "42\n"
         r = sb.exec("python3 -c 'import venvmod; print(venvmod.__file__)'; python3 -c 'import numpy'")
-        assert r.stdout == f"{isolation.SITE_ROOT}/0/venvmod.py\n" and "No module named 'numpy'" in r.stderr, r
+        venv_site = f"{isolation.VENV_ROOT}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+        assert r.stdout == f"{venv_site}/venvmod.py\n" and "No module named 'numpy'" in r.stderr, r
+        # A child started with an emptied environment in isolated mode (what the code env's
+        # executor does) is still the venv's interpreter, with its packages.
+        r = sb.exec(code="import subprocess, sys; subprocess.run([sys.executable, '-I', '-c', 'import venvmod'], env={}, check=True); print('ok')")
+        assert r.stdout == "ok\n", r
 
 
 def test_replies_never_shift_after_a_failed_call(box):
