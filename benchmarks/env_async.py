@@ -1,6 +1,6 @@
 """Environment-level async vs lock-step rollout under slow, fail-slow and fail-stop environments.
 
-    python benchmarks/env_async.py            # the tables in docs/agentic.md (~75 min on 2 quiet cores)
+    python benchmarks/env_async.py            # the tables in docs/results.md (~75 min on 2 quiet cores)
     python benchmarks/env_async.py --quick    # smoke run (mock engine, no sweep; writes no docs)
 
 Every variant is an end-to-end `cadence train` run in this process (inline
@@ -34,7 +34,7 @@ Training is real in both (the built-in model on CPU).
 episodes/s = episodes trained / seconds of the timed training steps (the
 first `--warmup` steps excluded); engine busy = engine busy seconds over the
 same span. Results go to docs/results/env_async.json and the tables in
-docs/agentic.md between the env-async markers.
+docs/results.md between the env-async markers.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import TIMING_ONLY, cpu_model, timed_steps, train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "agentic.md"
+DOC = ROOT / "docs" / "results.md"  # the env-async table lives with the other measurements
 RESULTS = ROOT / "docs" / "results" / "env_async.json"
 COMMAND = "python benchmarks/env_async.py"
 
@@ -237,7 +237,7 @@ def main() -> None:
     ap.add_argument("--sweep-engines", nargs="*", default=["mock"], choices=list(ENGINES))
     ap.add_argument("--alphas", nargs="+", type=int, default=list(ALPHAS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                    help="a subset (with --out: a side run that leaves docs/agentic.md alone)")
+                    help="a subset (with --out: a side run that leaves docs/results.md alone)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny batches, little latency, no files")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here (default: only in a full run)")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
