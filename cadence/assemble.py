@@ -25,6 +25,11 @@ from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.worker import RolloutWorker, worker_quotas
 from cadence.runtime.threads import configure_threads
 
+# Training prompts are walked in shuffled blocks of this many: fixed, so the data order does
+# not depend on trainer.steps (the default job's 200 steps x 16 prompts are exactly one block,
+# so its data is what it was when the list was sized by the run's length).
+PROMPT_BLOCK = 3200
+
 
 class ConfiguredRolloutWorker(RolloutWorker):
     """A `RolloutWorker` built from a run config: what a Ray actor is constructed with (its
@@ -67,12 +72,15 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
     task = build_task(cfg.task)
     stop = ro.stop if ro.stop is not None else list(task.stop)
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop)
-    prompts = task.prompts("train", _pool_size(cfg), cfg.seed)
-    if not spread:
-        prompts = prompts[index::workers] or prompts[:1]
+    stride = 1 if spread else workers  # without replication, worker i takes every stride-th prompt
+
+    def draw(n: int) -> list:
+        return task.prompts("train", n * stride, cfg.seed)[index % stride :: stride]
+
     guard = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
     return RLVRProducer(
-        hub, tokenizer, PromptStream(prompts, cfg.seed if spread else cfg.seed + index), GuardScorer(guard), params,
+        hub, tokenizer, PromptStream(draw, cfg.seed if spread else cfg.seed + index, PROMPT_BLOCK), GuardScorer(guard),
+        params,
         answers=len(range(index, ro.group_size, workers)) if spread else ro.group_size,
         replicate=ro.replicate_prompts, slots=ro.engine.max_batch_size,
         length_sampler=_length_sampler(cfg, index),
@@ -80,12 +88,6 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
         eval_prompts=lambda: task.prompts("test", cfg.task.test_size, cfg.seed),
         eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
     )
-
-
-def _pool_size(cfg: RunConfig) -> int:
-    """How many training prompts the stream walks: exactly the ones the run will use, as
-    before (the data order of existing runs is kept), at least one pool."""
-    return cfg.trainer.steps * cfg.rollout.prompts_per_step
 
 
 def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index: int, workers: int) -> GroupProducer:
