@@ -96,7 +96,7 @@ def test_quick_grid_has_every_cell(tmp_path):
         assert all(0.0 <= p <= 1.0 for _, p in r["curve"]) and r["curve"][-1][1] == r["after"]
         assert r["staleness_mean"] == 0.0 if r["alpha"] == 0 else 0.0 <= r["staleness_mean"] <= r["alpha"]
     assert len(result["summary"]) == len(cells)
-    assert "| tis |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
+    assert "| topr |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
 
 
 def test_answer_offsets_of_the_builtin_model_are_right_or_the_slip(bench, tmp_path):
