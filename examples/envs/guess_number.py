@@ -1,7 +1,13 @@
 """Guess the number: a complete cadence environment (docs/agentic.md includes this file).
 
-Train on it with
-    cadence train env.name=python:examples/envs/guess_number.py:GuessNumber env.kwargs.high=50
+Train on it with a model that can follow its prompt (a local instruction-tuned checkpoint):
+    cadence train env.name=python:examples/envs/guess_number.py:GuessNumber env.kwargs.high=50 model.path=PATH
+
+The built-in model was taught 2-digit addition only: it never writes an <answer> tag,
+so every episode scores the format penalty, no group has a reward to compare, and after
+three steps the run warns "no learning signal ... the model never produced an answer the
+reward accepts". For an environment run that learns on the shipped models, see
+examples/frozenlake.yaml.
 """
 
 import random
