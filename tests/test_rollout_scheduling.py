@@ -176,7 +176,7 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
     assert min(s.version for s in samples) == 0 and max(s.version for s in samples) >= 1
 
 
-def _mock_worker(alpha: int, quota: int = 2) -> ConfiguredRolloutWorker:
+def _mock_worker(alpha: int, quota: int = 2, steps: int = 8) -> ConfiguredRolloutWorker:
     """A foreground worker (no thread: the test drives it) on the mock engine's virtual clock."""
     cfg = load_config(
         None,
@@ -184,7 +184,7 @@ def _mock_worker(alpha: int, quota: int = 2) -> ConfiguredRolloutWorker:
             f"rollout.prompts_per_step={quota}", "rollout.group_size=2", f"rollout.async_ratio={alpha}",
             "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=6",
             "rollout.engine.mock.virtual_clock=true", "rollout.max_new_tokens=40",
-            "trainer.steps=8", "task.test_size=4",
+            f"trainer.steps={steps}", "task.test_size=4",
         ],
     )
     return ConfiguredRolloutWorker(cfg, background=False)
@@ -246,6 +246,16 @@ def test_a_resumed_worker_continues_the_prompt_sequence_exactly():
     again.update_weights({}, 5)
     again.load_state_dict(resumed.state_dict(), 5)
     assert _train(again, range(5, 6)) == rest[2:]
+
+
+def test_the_data_order_does_not_depend_on_the_run_length():
+    """A resume with more (or fewer) trainer.steps keeps the prompt order it started with."""
+    orders = []
+    for steps in (3, 400):
+        worker = _mock_worker(alpha=0, steps=steps)
+        orders.append([worker.producer.stream.next().id for _ in range(50)])
+        worker.close()
+    assert orders[0] == orders[1]
 
 
 def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
