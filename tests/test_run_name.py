@@ -46,9 +46,18 @@ def test_resume_without_a_name_continues_the_latest_started_run(tmp_path):
     assert cfg.run_dir() == tmp_path / "2026-01-01_00-00-00"
 
 
+def test_a_template_with_text_around_the_name_resumes_its_own_runs(tmp_path):
+    now = time.time()
+    _started(tmp_path / "frozenlake-a", now - 10)
+    _started(tmp_path / "sokoban-b", now)  # newer, but another example's
+    cfg = load_config(None, [f"logging.run_dir={tmp_path}/frozenlake-{{name}}"])
+    choose_run_name(cfg, resume=True)
+    assert cfg.logging.name == "a" and cfg.run_dir() == tmp_path / "frozenlake-a"
+
+
 def test_resume_with_no_run_to_continue_says_so(tmp_path):
     cfg = load_config(None, [f"logging.run_dir={tmp_path}/runs/{{name}}"])
-    with pytest.raises(ConfigError, match="no run to continue under"):
+    with pytest.raises(ConfigError, match="no run to continue matching"):
         choose_run_name(cfg, resume=True)
 
 

@@ -22,31 +22,36 @@ def named_explicitly(cfg: RunConfig) -> bool:
     return "name" in cfg.logging.model_fields_set
 
 
-def _runs_root(cfg: RunConfig) -> Path | None:
-    """The folder holding every run folder of this template (`runs` for `runs/{name}`), or None
-    when `logging.run_dir` names one fixed folder."""
+def _run_pattern(cfg: RunConfig) -> tuple[Path, str, str] | None:
+    """Where this template's run folders live and the text around the name in theirs:
+    `runs/{name}` -> (runs, "", ""), `runs/frozenlake-{name}` -> (runs, "frozenlake-", ""); None when
+    `logging.run_dir` names one fixed folder."""
     path = Path(cfg.logging.run_dir)
-    return path.parent if path.name == "{name}" else None
+    if path.name.count("{name}") != 1 or "{name}" in str(path.parent):
+        return None
+    prefix, suffix = path.name.split("{name}")
+    return path.parent, prefix, suffix
 
 
-def latest_run(root: Path) -> Path | None:
-    """The most recently started run folder under `root` (by its config.yaml's time), or None."""
-    runs = [p.parent for p in root.glob(f"*/{CONFIG_FILE}")] if root.is_dir() else []
+def latest_run(root: Path, prefix: str = "", suffix: str = "") -> Path | None:
+    """The most recently started run folder `root/<prefix>*<suffix>` (by its config.yaml's time), or None."""
+    runs = [p.parent for p in root.glob(f"{prefix}*{suffix}/{CONFIG_FILE}")] if root.is_dir() else []
     return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime, default=None)
 
 
 def choose_run_name(cfg: RunConfig, resume: bool) -> None:
     """Settle `cfg.logging.name` for `cadence train`, before anything loads: a fresh, unused
     start-time name for a new run; for `--resume`, the latest run's name."""
-    root = _runs_root(cfg)
-    if named_explicitly(cfg) or root is None:
+    pattern = _run_pattern(cfg)
+    if named_explicitly(cfg) or pattern is None:
         return
+    root, prefix, suffix = pattern
     if resume:
-        found = latest_run(root)
+        found = latest_run(root, prefix, suffix)
         if found is None:
-            raise ConfigError(f"--resume: no run to continue under {root}/; start one with `cadence train`, "
-                              "or name the run with logging.name=<name>")
-        cfg.logging.name = found.name
+            raise ConfigError(f"--resume: no run to continue matching logging.run_dir={cfg.logging.run_dir}; "
+                              "start one with `cadence train`, or name the run with logging.name=<name>")
+        cfg.logging.name = found.name[len(prefix) : len(found.name) - len(suffix)]
         return
     base, n = cfg.logging.name, 1
     while cfg.run_dir().exists():  # two runs started in the same second
