@@ -27,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 import queue
+import sysconfig
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +39,9 @@ from typing import Any, Literal
 
 from cadence.envs.actions import extract_action, format_hint
 from cadence.envs.contract import check_reset_return, check_step_return
+
+# Frames in these folders are ours or Python's: a failure's traceback starts after them.
+_NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
 
 FailureKind = Literal["raised", "timeout", "died"]
 
@@ -52,6 +58,7 @@ class EnvFailure:
     during: Literal["make", "reset", "step"]
     message: str
     done: bool = True  # lets the loop test `result.done` without telling the two apart first
+    traceback: str = ""  # of a raised failure, from the environment's own code on
 
 
 @dataclass
@@ -147,6 +154,14 @@ def _close_late_env(made: concurrent.futures.Future) -> None:
         _close_quietly(made.result())
 
 
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside cadence/envs and the standard library."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_NOT_USER):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 class EnvRunner:
     """Runs episodes of one environment at a time (see the module docstring)."""
 
@@ -214,12 +229,13 @@ class EnvRunner:
             kind, message = "died", f"{during}: {exc}"
         except (Exception, SystemExit) as exc:  # sys.exit() in an env ends its episode only
             kind, message = "raised", f"{during}: {type(exc).__name__}: {exc}"
+            trace = _user_traceback(exc)
         if during == "make" and self._in_thread is not None and not self._in_thread.done():
             # A constructor past its timeout may still finish: close what it makes then.
             self._in_thread.add_done_callback(_close_late_env)
         self.counts[f"failures/{kind}"] += 1
         self._discard()
-        return EnvFailure(kind, during, message)  # type: ignore[arg-type]
+        return EnvFailure(kind, during, message, traceback=trace if kind == "raised" else "")  # type: ignore[arg-type]
 
     def _discard(self) -> None:
         if self._env is not None:
