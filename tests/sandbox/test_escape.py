@@ -147,7 +147,8 @@ def test_tcp_connection_to_host_loopback(escape_box):
 
 
 def test_fork_bomb(escape_box):
-    r = escape_box.exec("bomb() { bomb | bomb & }; bomb; sleep 10", timeout_s=2)
+    # `exec sleep`: the shell must outlive a full process table (a fork for `sleep` could fail).
+    r = escape_box.exec("bomb() { bomb | bomb & }; bomb; exec sleep 10", timeout_s=2)
     assert r.limit == "wall"
     r = escape_box.exec(code="import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
                         timeout_s=2)
