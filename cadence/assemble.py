@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from cadence.config import RunConfig
 from cadence.data.tasks import build_task
-from cadence.inference.config import build_engine
+from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
@@ -92,6 +92,7 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
 
 def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index: int, workers: int) -> GroupProducer:
     from cadence.envs.runner import EnvRunner
+    from cadence.rollout.env_errors import EnvErrorReport
     from cadence.rollout.env_rollout import EnvRollout
     from cadence.rollout.lockstep import LockstepRollout
 
@@ -111,6 +112,7 @@ def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index
         first_seed=1000 * (cfg.seed + 1) + 10**6 * index,
         eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
         eval_episodes=cfg.eval.episodes, **kwargs,
+        errors=EnvErrorReport(env.name, cfg.run_dir() / "env_errors.log"),
     )
 
 

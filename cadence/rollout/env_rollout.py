@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from cadence.envs.runner import EnvRunner
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
+from cadence.rollout.env_errors import EnvErrorReport, EnvironmentFailing
 from cadence.rollout.episode import Episode, PlainTurns, TurnFormat, run_episode
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.producer import TrainedKeys
@@ -75,6 +76,7 @@ class EnvRollout:
         first_seed: int = 0,
         eval_params: SamplingParams | None = None,
         eval_episodes: int = 0,
+        errors: EnvErrorReport | None = None,
     ) -> None:
         self.hub = hub
         self.make_runner = make_runner
@@ -92,6 +94,8 @@ class EnvRollout:
         self.open: dict[int, _OpenGroup] = {}
         self.counts: Counter[str] = Counter()  # episodes, lost/<kind>, cancelled, groups, ...
         self.turn_total = 0
+        # Failures shown once per kind; a run whose first groups (nearly) all fail stops.
+        self.errors = errors or EnvErrorReport("the environment", echo=False)
 
     # -- the producer protocol -------------------------------------------------
     def next_key(self) -> int:
@@ -226,11 +230,16 @@ class EnvRollout:
             return  # the group closed meanwhile (a late straggler)
         self.counts["episodes"] += 1
         self.turn_total += episode.turns
+        if episode.first_too_long is not None:
+            params = self.params
+            self._stop_run(self.errors.too_long(episode.first_too_long, params.max_new_tokens, self.max_context_tokens))
+            return
         if episode.ok:
             group.samples.append(episode.sample)
         else:
             assert episode.failure is not None
             self.counts[f"lost/{episode.failure.kind}"] += 1
+            self.errors.lost(episode.failure, opened.seed)
             if opened.retries < self.max_retries:
                 opened.retries += 1
                 self.counts["retried"] += 1
@@ -241,6 +250,21 @@ class EnvRollout:
             # Short and nothing left running: its retries are spent, whichever of its episodes
             # ended last (a lost one, or one that finished after a lost one found no retry left).
             self._close(opened, keep=False)
+        try:
+            self.errors.check(self.counts["episodes"], self.counts["groups"], self.counts["groups_dropped"])
+        except EnvironmentFailing as failing:
+            self._stop_run(failing)
+
+    def _stop_run(self, error: Exception) -> None:
+        """The environment is broken: every group fails with `error`, and the worker stops the run."""
+        groups = list(self.open.values())
+        self.open.clear()
+        for opened in groups:
+            for task in opened.tasks:
+                if task is not asyncio.current_task():
+                    task.cancel()
+            if not opened.done.done():
+                opened.done.set_exception(error)
 
     def _close(self, opened: _OpenGroup, keep: bool, why: str = "groups_dropped") -> None:
         del self.open[opened.group.group_id]

@@ -53,6 +53,7 @@ class Episode:
     turns: int = 0
     truncated: bool = False
     rewards: list[float] = field(default_factory=list)
+    first_too_long: int | None = None  # the first observation's tokens, when it left no room for a turn
 
     @property
     def ok(self) -> bool:
@@ -126,6 +127,7 @@ async def run_episode(
         hub.forget(episode_id)
     if not versions:  # the first observation alone filled the budget: nothing the model did
         episode.failure = EnvFailure("died", "reset", "first observation exceeds max_context_tokens")
+        episode.first_too_long = len(prompt)
         return episode
     episode.sample = Sample(
         prompt_id=f"seed{seed}",

@@ -136,8 +136,15 @@ class LockstepRollout(EnvRollout):
             self._batch_done.clear()
             for seed, gid, result in batch:
                 opened = self._open(seed, gid)
-                opened.add_done_callback(lambda f, r=result: r.done() or r.set_result(f.result()))
+                opened.add_done_callback(lambda f, r=result: r.done() or _pass_on(f, r))
             await self._batch_done.wait()
+
+    def _stop_run(self, error: Exception) -> None:
+        super()._stop_run(error)
+        for _, _, result in self.waiting:
+            if not result.done():
+                result.set_exception(error)
+        self.waiting.clear()
 
     def _start(self, opened: _OpenGroup) -> None:
         assert self._barrier is not None
@@ -159,3 +166,10 @@ class LockstepRollout(EnvRollout):
         if not self._batch and not self._batch_done.is_set():
             self.batches += 1
             self._batch_done.set()
+
+
+def _pass_on(source: asyncio.Future, target: asyncio.Future) -> None:
+    if source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())

@@ -47,6 +47,7 @@ from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.producer import GroupProducer, TrainedKeys
 from cadence.rollout.sample import Group
+from cadence.yaml_config import ConfigError
 
 T = TypeVar("T")
 
@@ -113,6 +114,7 @@ class RolloutWorker:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: str | None = None
+        self._stopped_by: Exception | None = None  # a producer's one-line reason to stop the run
         self._born = time.perf_counter()
 
     # -- the producer loop --------------------------------------------------------
@@ -166,7 +168,9 @@ class RolloutWorker:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             error = task.exception()
-            self._error = "".join(traceback.format_exception(error))
+            if isinstance(error, ConfigError):  # a cause the user can act on: said in one line
+                self._stopped_by = self._stopped_by or error
+            self._error = self._error or "".join(traceback.format_exception(error))
         if self._changed is not None:
             self._changed.set()
 
@@ -201,6 +205,8 @@ class RolloutWorker:
             return False
 
     def _check(self) -> None:
+        if self._stopped_by is not None:
+            raise self._stopped_by
         if self._error:
             raise RuntimeError(f"rollout worker {self.index} failed:\n{self._error}")
 
