@@ -150,7 +150,8 @@ class EnvRollout:
         return TrainedKeys(self.next_seed)
 
     def in_flight(self) -> int:
-        return sum(len(g.tasks) for g in self.open.values())
+        # A copy in one step: metrics are read from the trainer's thread while the loop's changes them.
+        return sum(len(g.tasks) for g in list(self.open.values()))
 
     def cancel_stale(self, min_version: int) -> int:
         """Close the open groups started before `min_version` (they could only be dropped as

@@ -241,6 +241,10 @@ class RolloutWorker:
     def _on_loop(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` where the groups live: on the worker's thread, or here while the hub serves."""
         if self._thread is not None:
+            if not self._thread.is_alive():
+                coro.close()
+                self._check()
+                raise RuntimeError(f"rollout worker {self.index}: its loop thread has stopped")
             return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
         return self._loop.run_until_complete(asyncio.wait_for(self.hub.serving(coro), timeout))
 
