@@ -6,7 +6,7 @@ import sys
 
 from cadence.config import RunConfig
 from cadence.data.tasks import build_task
-from cadence.inference.config import build_engine
+from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer

@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cadence.inference import kv_cache
-from cadence.inference.config import EngineConfig, build_engine
+from cadence.inference.build import build_engine
+from cadence.inference.config import EngineConfig
 from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.sampling import sample, token_logprobs
 from cadence.inference.types import GenRequest, InferenceEngine, SamplingParams

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from cadence.inference.config import EngineConfig, MockEngineConfig, build_engine
+from cadence.inference.build import build_engine
+from cadence.inference.config import EngineConfig, MockEngineConfig
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import GenRequest, InferenceEngine, SamplingParams
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cadence.inference.config import EngineConfig, VLLMEngineConfig, build_engine
+from cadence.inference.build import build_engine
+from cadence.inference.config import EngineConfig, VLLMEngineConfig
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
 from tests.tiny_models import save_tiny
 
