@@ -36,7 +36,60 @@ import time
 P = json.loads(globals()["PARAMS"])
 MAX_REPLY = 16 << 20  # bytes of one answer from the worker; more fails the test
 
-WORKER = r'''
+# Plain data of exact built-in types as tagged JSON, both ways: source shared by the judge (exec'd
+# here) and the worker (sent as its first lines). Exact types (`type(v) is int`), not isinstance:
+# a subclass with its own __eq__ is not plain data.
+CODEC = r'''
+SEQS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+KINDS = {tag: kind for kind, tag in SEQS.items()}
+
+def encode(v, other, depth=0):
+    t = type(v)
+    if v is None:
+        return ["n"]
+    if t is bool or t is str:
+        return ["b" if t is bool else "s", v]
+    if t is int:
+        return ["i", format(v, "x")]
+    if t is float:
+        return ["f", v.hex()]
+    if t is complex:
+        return ["c", v.real.hex(), v.imag.hex()]
+    if t is bytes:
+        return ["y", v.hex()]
+    if depth < 50 and t in SEQS:
+        return [SEQS[t], [encode(x, other, depth + 1) for x in v]]
+    if depth < 50 and t is dict:
+        return ["d", [[encode(k, other, depth + 1), encode(x, other, depth + 1)] for k, x in v.items()]]
+    return other(v)  # not plain data: the worker keeps it (a handle), the judge refuses it
+
+def decode(e, handle):
+    tag = e[0]
+    if tag == "h":
+        return handle(int(e[1]))
+    if tag == "d":
+        return {decode(k, handle): decode(x, handle) for k, x in e[1]}
+    if tag in KINDS:
+        return KINDS[tag](decode(x, handle) for x in e[1])
+    if tag == "n":
+        return None
+    if tag in ("b", "s"):
+        return (bool if tag == "b" else str)(e[1])
+    if tag == "i":
+        return int(str(e[1]), 16)
+    if tag == "f":
+        return float.fromhex(str(e[1]))
+    if tag == "c":
+        return complex(float.fromhex(str(e[1])), float.fromhex(str(e[2])))
+    if tag == "y":
+        return bytes.fromhex(str(e[1]))
+    raise ValueError(f"unknown tag {tag!r}")
+'''
+_codec: dict = {}
+exec(CODEC, _codec)
+encode, decode = _codec["encode"], _codec["decode"]
+
+WORKER_MAIN = r'''
 import json, os, sys
 RFD, WFD = int(sys.argv[1]), int(sys.argv[2])
 
@@ -63,42 +116,9 @@ def write(obj):
 
 OBJECTS = []
 
-def encode(v, depth=0):
-    t = type(v)
-    if v is None:
-        return ["n"]
-    if t is bool:
-        return ["b", v]
-    if t is int:
-        return ["i", format(v, "x")]
-    if t is float:
-        return ["f", v.hex()]
-    if t is complex:
-        return ["c", v.real.hex(), v.imag.hex()]
-    if t is str:
-        return ["s", v]
-    if t is bytes:
-        return ["y", v.hex()]
-    if depth < 50 and t in (list, tuple, set, frozenset):
-        return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [encode(x, depth + 1) for x in v]]
-    if depth < 50 and t is dict and all(type(k) in (bool, int, float, str, bytes, tuple, type(None)) for k in v):
-        return ["d", [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in v.items()]]
+def keep(v):
     OBJECTS.append(v)
     return ["h", len(OBJECTS) - 1]
-
-TAGS = {"l": list, "t": tuple, "S": set, "F": frozenset}
-
-def decode(e):
-    tag = e[0]
-    if tag == "h":
-        return OBJECTS[e[1]]
-    if tag in TAGS:
-        return TAGS[tag](decode(x) for x in e[1])
-    if tag == "d":
-        return {decode(k): decode(x) for k, x in e[1]}
-    return {"n": lambda: None, "b": lambda: e[1], "i": lambda: int(e[1], 16), "f": lambda: float.fromhex(e[1]),
-            "c": lambda: complex(float.fromhex(e[1]), float.fromhex(e[2])), "s": lambda: e[1],
-            "y": lambda: bytes.fromhex(e[1])}[tag]()
 
 def builtin_base(cls):
     for c in cls.__mro__:
@@ -112,11 +132,12 @@ def answer(req):
         return NS[req[1]] if req[1] in NS else MISSING
     obj = OBJECTS[req[1]]
     if op == "call":
-        return obj(*[decode(a) for a in req[2]], **{k: decode(a) for k, a in req[3].items()})
+        return obj(*[decode(a, OBJECTS.__getitem__) for a in req[2]],
+                   **{k: decode(a, OBJECTS.__getitem__) for k, a in req[3].items()})
     if op == "getattr":
         return getattr(obj, req[2])
     if op == "getitem":
-        return obj[decode(req[2])]
+        return obj[decode(req[2], OBJECTS.__getitem__)]
     if op == "iter":
         return list(obj)
     if op == "len":
@@ -137,10 +158,15 @@ while True:
     req = read()
     try:
         value = answer(req)
-        write(["missing"] if value is MISSING else ["value", [encode(x) for x in value] if req[0] == "iter" else encode(value)])
+        if value is MISSING:
+            write(["missing"])
+        else:
+            write(["value", [encode(x, keep) for x in value] if req[0] == "iter" else encode(value, keep)])
     except BaseException as e:
         write(["raise", builtin_base(type(e)), str(e)[:300]])
 '''
+
+WORKER = CODEC + WORKER_MAIN
 
 
 class Abort(BaseException):
@@ -212,8 +238,8 @@ class Handle:
         self._worker, self._id = worker, ident
 
     def __call__(self, *args, **kwargs):
-        return value_of(self._worker, ["call", self._id, [encode(a) for a in args],
-                                       {k: encode(v) for k, v in kwargs.items()}])
+        return value_of(self._worker, ["call", self._id, [to_worker(a) for a in args],
+                                       {k: to_worker(v) for k, v in kwargs.items()}])
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -221,7 +247,7 @@ class Handle:
         return value_of(self._worker, ["getattr", self._id, name])
 
     def __getitem__(self, key):
-        return value_of(self._worker, ["getitem", self._id, encode(key)])
+        return value_of(self._worker, ["getitem", self._id, to_worker(key)])
 
     def __iter__(self):
         return iter(value_of(self._worker, ["iter", self._id]))
@@ -243,57 +269,18 @@ class Handle:
     __hash__ = __index__ = __int__ = __float__ = __complex__ = _refuse
 
 
-PLAIN = {type(None): "n", bool: "b", int: "i", float: "f", complex: "c", str: "s", bytes: "y"}
-SEQS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+def to_worker(v) -> list:
+    """A test's argument for the worker: plain data (above), or a Handle of its own."""
+    def other(x):
+        if type(x) is Handle:
+            return ["h", x._id]
+        raise NotPlain(f"cannot pass a {type(x).__name__} to the solution (plain data only)")
+    return encode(v, other)
 
 
-def encode(v) -> list:
-    """A test's argument for the worker: plain data of exact types, or a Handle of its own."""
-    t = type(v)
-    if t is Handle:
-        return ["h", v._id]
-    if v is None:
-        return ["n"]
-    if t is bool or t is str:
-        return [PLAIN[t], v]
-    if t is int:
-        return ["i", format(v, "x")]
-    if t is float:
-        return ["f", v.hex()]
-    if t is complex:
-        return ["c", v.real.hex(), v.imag.hex()]
-    if t is bytes:
-        return ["y", v.hex()]
-    if t in SEQS:
-        return [SEQS[t], [encode(x) for x in v]]
-    if t is dict:
-        return ["d", [[encode(k), encode(x)] for k, x in v.items()]]
-    raise NotPlain(f"cannot pass a {t.__name__} to the solution (plain data only)")
-
-
-def decode(worker: Worker, e: list):
+def from_worker(worker: Worker, e: list):
     """Exact built-in values from the worker's JSON (or Handles): nothing of its types survives."""
-    tag = e[0]
-    if tag == "n":
-        return None
-    if tag == "b":
-        return bool(e[1])
-    if tag == "i":
-        return int(str(e[1]), 16)
-    if tag == "f":
-        return float.fromhex(str(e[1]))
-    if tag == "c":
-        return complex(float.fromhex(str(e[1])), float.fromhex(str(e[2])))
-    if tag == "s":
-        return str(e[1])
-    if tag == "y":
-        return bytes.fromhex(str(e[1]))
-    if tag == "h":
-        return Handle(worker, int(e[1]))
-    if tag == "d":
-        return {decode(worker, k): decode(worker, x) for k, x in e[1]}
-    kind = {"l": list, "t": tuple, "S": set, "F": frozenset}[tag]
-    return kind(decode(worker, x) for x in e[1])
+    return decode(e, lambda ident: Handle(worker, ident))
 
 
 def value_of(worker: Worker, req: list, reply: list | None = None):
@@ -301,8 +288,8 @@ def value_of(worker: Worker, req: list, reply: list | None = None):
     reply = worker.ask(req) if reply is None else reply
     if reply[0] == "value":
         if req[0] == "iter":
-            return [decode(worker, x) for x in reply[1]]
-        return decode(worker, reply[1])
+            return [from_worker(worker, x) for x in reply[1]]
+        return from_worker(worker, reply[1])
     if reply[0] == "raise":
         cls = getattr(builtins, str(reply[1]), None)
         if isinstance(cls, type) and issubclass(cls, Exception):

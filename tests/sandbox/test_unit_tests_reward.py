@@ -110,3 +110,25 @@ def test_solutions_may_import_the_interpreters_packages():
     solution = "```python\nimport numpy as np\n\ndef mean(xs):\n    return float(np.mean(xs))\n```"
     assert reward(test_timeout_s=10.0)(prompt, solution) == 1.0
     assert reward(test_timeout_s=10.0, python_packages="none")(prompt, solution) == 0.0  # stdlib only
+
+
+def test_the_judge_runs_the_usual_shapes_of_test():
+    """Tests run in the judge against the solution in its own process: objects, generators,
+    expected exceptions (by their nearest built-in class), helpers and imports of the test's own,
+    constants and nested plain data work; comparing an object of the solution does not."""
+    solution = (
+        "import math\nLIMIT = 10\nclass DomainError(ValueError):\n    pass\n"
+        "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n    def __len__(self):\n        return len(self.items)\n"
+        "def count_up(n):\n    yield from range(n)\n"
+        "def sqrt(x):\n    if x < 0:\n        raise DomainError(x)\n    return math.sqrt(x)\n"
+        "def double(x):\n    return 2 * x\ndef pair():\n    return (1, 'a')\ndef table():\n    return {'a': [1, 2.5, None]}\n")
+    tests = ["s = Stack(); s.push(1); s.push(2); assert s.pop() == 2 and len(s) == 1",
+             "assert list(count_up(3)) == [0, 1, 2]",
+             "try:\n    sqrt(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError('no error')",
+             "def quad(x):\n    return double(double(x))\nassert quad(3) == 12",
+             "import math\nassert abs(sqrt(2) - math.sqrt(2)) < 1e-9",
+             "assert LIMIT == 10 and pair() == (1, 'a') and table() == {'a': [1, 2.5, None]}",
+             "assert Stack() == Stack()"]  # objects of the solution are not compared: fails
+    fn = reward(test_timeout_s=5.0)
+    assert fn(Prompt("shapes:1", "", "", {"tests": tests}), solution) == 6 / 7
