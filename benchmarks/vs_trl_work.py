@@ -85,7 +85,7 @@ def make_trl_reward(cfg: Any, task: Any | None = None) -> Callable[..., list[flo
     dataset carries an ``answer`` column.
     """
     from cadence.data.tasks import Prompt, build_task
-    from cadence.rewards.verifiers import build_reward
+    from cadence.rewards.build import build_reward
 
     verifier = build_reward(cfg.reward, task if task is not None else build_task(cfg.task))
 

@@ -90,7 +90,8 @@ def test_sampler_timeout_kills_the_tree(bench, tmp_path):
 def test_trl_reward_agrees_with_cadence_verifier(bench):
     from cadence.config import RunConfig
     from cadence.data.tasks import build_task
-    from cadence.rewards.verifiers import ExactMatch, build_reward
+    from cadence.rewards.build import build_reward
+    from cadence.rewards.verifiers import ExactMatch
 
     cfg = RunConfig()
     task = build_task(cfg.task)

@@ -21,7 +21,7 @@ from cadence.observe.reward_errors import RewardErrorReport, RewardFunctionError
 from cadence.recipes.sft import check_output, load_sft_config
 from cadence.recipes.train_rlvr import train
 from cadence.rewards.guard import RewardGuard
-from cadence.rewards.verifiers import PythonReward
+from cadence.rewards.python_reward import PythonReward
 from tests.quick_run import QUICK_RUN
 
 

@@ -11,8 +11,8 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.reward_errors import RewardFunctionError, describe_failure, reward_broken
+from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
-from cadence.rewards.verifiers import build_reward
 from cadence.rollout.evaluate import EvalResult, evaluate
 from cadence.runtime.threads import configure_threads
 

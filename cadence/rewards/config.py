@@ -21,10 +21,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cadence.python_spec import PYTHON_PREFIX
+from cadence.rewards.python_reward import resolve_python_reward
 from cadence.rewards.unit_tests import UnitTestsConfig
 
 BUILTIN_REWARDS = ("exact_match", "math_verify", "reasoning_gym", "unit_tests")
-PYTHON_PREFIX = "python:"
 
 
 class RewardConfig(BaseModel):
@@ -69,8 +70,6 @@ class RewardConfig(BaseModel):
         if name == "auto" or name in BUILTIN_REWARDS:
             return name
         if name.startswith(PYTHON_PREFIX):
-            from cadence.rewards.verifiers import resolve_python_reward
-
             resolve_python_reward(name)  # raises ValueError with the reason
             return name
         raise ValueError(

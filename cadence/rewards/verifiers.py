@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import logging
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cadence.data.tasks import Extract, Prompt
-from cadence.python_spec import PYTHON_PREFIX, load_python_object
-from cadence.rewards.config import RewardConfig
-
-if TYPE_CHECKING:
-    from cadence.data.tasks import Task
 
 RewardFn = Callable[[Prompt, str], float]
 
@@ -197,66 +191,3 @@ class ReasoningGymReward:
         dataset = entry["metadata"]["source_dataset"]
         answer = defuse_answer(dataset, extract_answer(response, self.extract), entry)
         return float(self._scorer(dataset)(answer, entry))
-
-
-def resolve_python_reward(spec: str) -> RewardFn:
-    """Import the function a ``python:target:function`` spec names; ValueError says why not.
-
-    `target` is a module path (``pkg.rewards``) or a file (``/abs/rewards.py``,
-    ``./rewards.py``). The function must accept ``(prompt, response)``.
-    """
-    where = f"reward.name {spec!r}"
-    fn = load_python_object(spec, where, kind="function")
-    target, _, func_name = spec.removeprefix(PYTHON_PREFIX).rpartition(":")
-    if not callable(fn):
-        raise ValueError(f"{where}: {target}.{func_name} is a {type(fn).__name__}, not a function")
-    try:
-        inspect.signature(fn).bind(None, "")
-    except TypeError as exc:
-        raise ValueError(f"{where}: {func_name} must accept (prompt, response): {exc}") from None
-    except ValueError:
-        pass  # no introspectable signature (some builtins): trust it
-    return fn
-
-
-class PythonReward:
-    """A user function named by a ``python:`` spec; pickles as the spec, re-imported on use."""
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        self._fn: RewardFn | None = resolve_python_reward(spec)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "_fn": None}
-
-    def __call__(self, prompt: Prompt, response: str) -> float:
-        if self._fn is None:
-            self._fn = resolve_python_reward(self.spec)
-        return self._fn(prompt, response)
-
-
-def build_reward(cfg: RewardConfig, task: Task | None = None) -> RewardFn:
-    """The reward function `cfg` names; "auto" name/extract come from `task`."""
-    name, extract = cfg.name, cfg.extract
-    if name.startswith(PYTHON_PREFIX):
-        return PythonReward(name)  # user functions see the raw response
-    if name == "unit_tests":  # takes the code block, not an extracted answer
-        from cadence.rewards.unit_tests import UnitTestReward
-
-        return UnitTestReward(cfg.unit_tests)
-    if task is None and (name == "auto" or extract == "auto"):
-        raise ValueError("reward.name / reward.extract 'auto' need a task to take defaults from")
-    if name == "auto":
-        name = task.default_reward  # type: ignore[union-attr]
-    if extract == "auto":
-        extract = task.default_extract  # type: ignore[union-attr]
-    if name == "exact_match":
-        return ExactMatch(extract)
-    if name == "math_verify":
-        return MathVerify(extract)
-    if name == "reasoning_gym":
-        from cadence.data.reasoning_gym import ReasoningGymTask
-
-        kwargs = {task.dataset: task.kwargs} if isinstance(task, ReasoningGymTask) else {}
-        return ReasoningGymReward(extract, kwargs)
-    raise ValueError(f"reward.name {name!r} is unknown")

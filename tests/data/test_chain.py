@@ -12,7 +12,7 @@ from cadence.data.chain import AdditionChainTask, chain_answer
 from cadence.data.config import TaskConfig
 from cadence.data.tasks import Prompt, build_task
 from cadence.recipes.sft import length_buckets
-from cadence.rewards.verifiers import build_reward
+from cadence.rewards.build import build_reward
 
 
 def test_chain_answer_by_hand():

@@ -13,17 +13,11 @@ from pydantic import ValidationError
 
 from cadence.data.config import TaskConfig
 from cadence.data.tasks import Prompt, build_task
+from cadence.rewards.build import build_reward
 from cadence.rewards.config import RewardConfig
 from cadence.rewards.guard import RewardGuard, RewardOutcome
-from cadence.rewards.verifiers import (
-    ExactMatch,
-    MathVerify,
-    PythonReward,
-    ReasoningGymReward,
-    build_reward,
-    extract_answer,
-    resolve_python_reward,
-)
+from cadence.rewards.python_reward import PythonReward, resolve_python_reward
+from cadence.rewards.verifiers import ExactMatch, MathVerify, ReasoningGymReward, extract_answer
 
 
 def P(answer: str, text: str = "q") -> Prompt:
