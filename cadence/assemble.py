@@ -17,8 +17,8 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.events import Timeline
+from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
-from cadence.rewards.verifiers import build_reward
 from cadence.rollout.producer import GroupProducer
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
