@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from cadence.data.tasks import Prompt
+from cadence.rewards.build import build_reward
 from cadence.rewards.config import RewardConfig
 from cadence.rewards.guard import RewardGuard
 from cadence.rewards.unit_tests import UnitTestReward, UnitTestsConfig, extract_code
-from cadence.rewards.verifiers import build_reward
 from tests.sandbox.conftest import needs_bwrap
 from tests.sandbox.service import running_service
 
