@@ -14,9 +14,9 @@ import pytest
 
 from cadence.data.tasks import Prompt
 from cadence.envs.code_env import CodeEnv
+from cadence.rewards.build import build_reward
 from cadence.rewards.config import RewardConfig
 from cadence.rewards.unit_tests import UnitTestReward, UnitTestsConfig
-from cadence.rewards.verifiers import build_reward
 from tests.sandbox.conftest import needs_bwrap
 from tests.sandbox.service import running_service
 
