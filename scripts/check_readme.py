@@ -3,6 +3,7 @@
     python scripts/check_readme.py                     # clone HEAD into a temp folder and run them
     python scripts/check_readme.py --list              # only print the commands and how each is run
     python scripts/check_readme.py --pip-first torch==2.13.0 --out /tmp/readme.json
+    python scripts/check_readme.py --fast ...          # a busy machine: the quick start shortened too
 
 Every line of the README's ```bash blocks is taken in order. The install lines run
 as written (in the clone, with `.venv` created by the README's own line; `--pip-first`
@@ -40,6 +41,11 @@ SHORTENED = {
     "cadence train --config examples/frozenlake.yaml trainer.steps=50 rollout.group_size=4 algorithm.loss=cispo":
         "trainer.steps=4 eval.every=2 eval.episodes=16",
 }
+# With --fast (a busy machine): the quick start and its resume shortened too.
+FAST = {
+    "cadence train": "trainer.steps=30",
+    "cadence train --resume trainer.steps=250 --allow-change trainer.steps": "trainer.steps=40",
+}
 # README command -> text its output must contain (what the README says it shows).
 EXPECT = {
     "cadence train": "held-out pass@1 after",
@@ -74,8 +80,9 @@ def readme_commands(text: str) -> list[str]:
     return lines
 
 
-def plan(commands: list[str]) -> list[Step]:
+def plan(commands: list[str], fast: bool = False) -> list[Step]:
     """How each README command is checked."""
+    shortened = {**SHORTENED, **(FAST if fast else {})}
     steps = []
     for command in commands:
         if "pytest" in command:
@@ -83,7 +90,7 @@ def plan(commands: list[str]) -> list[Step]:
         elif command in SERVERS:
             steps.append(Step(command, "server", command))
         elif command.startswith("cadence "):
-            extra = SHORTENED.get(command)
+            extra = shortened.get(command)
             steps.append(Step(command, "cadence", f"{command} {extra}" if extra else command, EXPECT.get(command)))
         else:
             steps.append(Step(command, "install", command))
@@ -154,9 +161,10 @@ def main() -> int:
     ap.add_argument("--pip-first", nargs="*", default=[], help="packages installed into the venv first")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one command may take")
     ap.add_argument("--out", default=None, help="write the JSON report here")
+    ap.add_argument("--fast", action="store_true", help="shorten the quick start and its resume too (FAST)")
     args = ap.parse_args()
 
-    steps = plan(readme_commands((Path(args.source) / "README.md").read_text()))
+    steps = plan(readme_commands((Path(args.source) / "README.md").read_text()), args.fast)
     if args.list:
         for s in steps:
             print(f"{s.kind:8} {s.run or s.command}")
@@ -169,7 +177,7 @@ def main() -> int:
     t0 = time.time()
     run_all(steps, clone, args.timeout, args.pip_first)
     failed = [s.command for s in steps if s.ok is False]
-    report = {"source": args.source, "commit": head, "clone": str(clone), "seconds": round(time.time() - t0),
+    report = {"source": args.source, "commit": head, "fast": args.fast, "clone": str(clone), "seconds": round(time.time() - t0),
               "load_average": os.getloadavg(), "failed": failed, "steps": [asdict(s) for s in steps]}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
