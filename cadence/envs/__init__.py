@@ -4,8 +4,8 @@ The episode loop needs only `EnvConfig` and `EnvRunner` (see `cadence.envs.runne
 """
 
 from cadence.envs.config import EnvConfig, LatencyConfig
-from cadence.envs.contract import AsyncTextEnv, TextEnv
-from cadence.envs.runner import EnvDied, EnvFailure, EnvRunner, ResetResult, StepResult
+from cadence.envs.contract import AsyncTextEnv, EnvDied, TextEnv
+from cadence.envs.runner import EnvFailure, EnvRunner, ResetResult, StepResult
 
 __all__ = [
     "AsyncTextEnv",

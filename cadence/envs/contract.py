@@ -94,3 +94,7 @@ def check_reset_return(value: Any) -> ResetReturn:
     if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[0], str):
         raise TypeError(f"reset() must return (observation: str, info: dict), got {value!r:.80}")
     return value[0], dict(value[1] or {})
+
+
+class EnvDied(RuntimeError):
+    """Raised by an environment whose backing process or service is gone (kind 'died')."""

@@ -20,8 +20,7 @@ import multiprocessing as mp
 from multiprocessing.connection import Connection
 from typing import Any
 
-from cadence.envs.contract import ResetReturn, StepReturn
-from cadence.envs.runner import EnvDied
+from cadence.envs.contract import EnvDied, ResetReturn, StepReturn
 
 
 def _send_result(conn: Connection, status: str, value: Any) -> None:

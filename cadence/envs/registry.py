@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from cadence.envs.contract import contract_problems
 from cadence.python_spec import PYTHON_PREFIX, load_python_object
-
-if TYPE_CHECKING:
-    from cadence.envs.config import EnvConfig
 
 # name -> (module:Class, one line for `cadence envs`; its kwargs are read from the class itself)
 BUILTIN_ENVS: dict[str, tuple[str, str]] = {
@@ -72,31 +67,6 @@ def resolve_env_class(name: str) -> type:
 def default_action_tag(cls: type) -> str | None:
     """The tag a class's actions come in when the config says 'auto'."""
     return getattr(cls, "action_tag", "answer")
-
-
-def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
-    """A zero-argument constructor of the configured environment (isolation, latency included).
-
-    `EnvRunner` calls it for the first environment and again for each replacement.
-    """
-    cls = resolve_env_class(cfg.name)
-    kwargs = dict(cfg.kwargs)
-    latency = cfg.latency
-
-    def make() -> Any:
-        if cfg.isolation == "process":
-            from cadence.envs.process import ProcessEnv
-
-            env: Any = ProcessEnv(cfg.name, kwargs)
-        else:
-            env = cls(**kwargs)
-        if latency.enabled:
-            from cadence.envs.latency import with_latency
-
-            env = with_latency(env, **latency.model_dump())
-        return env
-
-    return make
 
 
 def constructor_kwargs(cls: type) -> str:

@@ -38,16 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cadence.envs.actions import extract_action, format_hint
-from cadence.envs.contract import check_reset_return, check_step_return
+from cadence.envs.contract import EnvDied, check_reset_return, check_step_return
 
 # Frames in these folders are ours or Python's: a failure's traceback starts after them.
 _NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
 
 FailureKind = Literal["raised", "timeout", "died"]
-
-
-class EnvDied(RuntimeError):
-    """Raised by an environment whose backing process or service is gone (kind 'died')."""
 
 
 @dataclass
@@ -189,7 +185,8 @@ class EnvRunner:
     @classmethod
     def from_config(cls, cfg: Any) -> EnvRunner:
         """A runner for an `EnvConfig` (its name, kwargs, latency, limits and action format)."""
-        from cadence.envs.registry import default_action_tag, env_factory, resolve_env_class
+        from cadence.envs.build import env_factory
+        from cadence.envs.registry import default_action_tag, resolve_env_class
 
         tag = cfg.action_tag
         if tag == "auto":

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from cadence.envs import EnvConfig, EnvRunner
-from cadence.envs.registry import BUILTIN_ENVS, describe, env_factory, resolve_env_class
+from cadence.envs.build import env_factory
+from cadence.envs.registry import BUILTIN_ENVS, describe, resolve_env_class
 
 NOT_AN_ENV = """
 class NoStep:
