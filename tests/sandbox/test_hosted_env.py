@@ -326,8 +326,8 @@ def test_the_documented_hosted_frozenlake_config_runs(service, monkeypatch):
     env.kwargs.kwargs.rules=false env.kwargs.url=...` failed: the YAML's env.kwargs (rules,
     neighbours) merged into HostedEnv's, which refused them. They pass through to the hosted class."""
     from cadence.config import load_config
+    from cadence.envs.build import env_factory
     from cadence.envs.frozenlake import FrozenLakeEnv
-    from cadence.envs.registry import env_factory
 
     url, token, _ = service
     monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", token)  # as the docs say: the token from the environment
