@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from cadence.config import load_config
-from cadence.data.tasks import build_task
+from cadence.data.build import build_task
 from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine

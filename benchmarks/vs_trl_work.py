@@ -84,7 +84,8 @@ def make_trl_reward(cfg: Any, task: Any | None = None) -> Callable[..., list[flo
     rollout does. TRL passes dataset columns as keyword arguments, so the
     dataset carries an ``answer`` column.
     """
-    from cadence.data.tasks import Prompt, build_task
+    from cadence.data.build import build_task
+    from cadence.data.tasks import Prompt
     from cadence.rewards.build import build_reward
 
     verifier = build_reward(cfg.reward, task if task is not None else build_task(cfg.task))
@@ -107,7 +108,7 @@ def train_prompts(cfg: Any, steps: int) -> list[Any]:
     prompts and walks them through a `PromptStream` seeded with the run seed;
     TRL gets that sequence with its own shuffling off.
     """
-    from cadence.data.tasks import build_task
+    from cadence.data.build import build_task
     from cadence.rollout.prompts import PromptStream
 
     n = steps * PROMPTS_PER_STEP

@@ -89,7 +89,7 @@ def test_sampler_timeout_kills_the_tree(bench, tmp_path):
 
 def test_trl_reward_agrees_with_cadence_verifier(bench):
     from cadence.config import RunConfig
-    from cadence.data.tasks import build_task
+    from cadence.data.build import build_task
     from cadence.rewards.build import build_reward
     from cadence.rewards.verifiers import ExactMatch
 
@@ -117,7 +117,7 @@ def test_trl_reward_agrees_with_cadence_verifier(bench):
 
 def test_train_prompts_are_cadences_training_prompts(bench):
     from cadence.config import RunConfig
-    from cadence.data.tasks import build_task
+    from cadence.data.build import build_task
 
     cfg = RunConfig()
     task = build_task(cfg.task)

@@ -21,74 +21,21 @@ test answers are always correct.
 from __future__ import annotations
 
 import random
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cadence.data.config import TaskConfig
+from cadence.data.options import ArithOptions, parse_arith_options
 from cadence.data.tasks import (
     Extract,
     Prompt,
     Split,
     check_split,
-    check_test_share,
     held_out_indices,
-    parse_task_options,
     stable_hash,
     train_indices,
 )
 
 TERMINATOR = "\n"
 """Ends every arith answer: the SFT completion suffix and the sampler's stop string."""
-
-Operation = Literal["+", "-", "*"]
-
-
-class ArithOptions(BaseModel):
-    """`task.kwargs` for "arith"."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    operations: list[Operation] = Field(
-        default_factory=lambda: ["+"],
-        min_length=1,
-        description="Operators to sample from; '-' may give negative answers.",
-    )
-    digits: int = Field(2, ge=1, le=9, description="Operands are uniform in [0, 10**digits - 1].")
-    pad_operands: bool = Field(
-        True, description="Write operands zero-padded to `digits` ('07+45='), so columns line up."
-    )
-    sft_carry_slip: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description="SFT only: share of answers to carrying '+' problems that forget to "
-        "carry the one (a noisy-annotator warm-up for RL to correct). Test answers stay exact.",
-    )
-
-    @field_validator("operations")
-    @classmethod
-    def _unique(cls, ops: list[Operation]) -> list[Operation]:
-        if len(set(ops)) != len(ops):
-            raise ValueError(f"operations must not repeat, got {ops}")
-        return ops
-
-    @property
-    def space(self) -> int:
-        """Number of distinct problems."""
-        return (10**self.digits) ** 2 * len(self.operations)
-
-
-def parse_arith_options(kwargs: dict) -> ArithOptions:
-    """Validate `task.kwargs` with messages that name the config path."""
-    return parse_task_options(ArithOptions, kwargs, "arith")
-
-
-def check_arith_config(kwargs: dict, test_size: int) -> None:
-    """Fail at load time if the options are invalid or leave too few training problems."""
-    space = parse_arith_options(kwargs).space
-    check_test_share(test_size, space, "arith", "raise task.kwargs.digits")
-
 
 class ArithmeticTask:
     """Random "a<op>b=" problems; the test split is a fixed held-out sample."""

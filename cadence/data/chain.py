@@ -17,54 +17,10 @@ what RL then improves.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from cadence.data.arithmetic import TERMINATOR
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import (
-    Extract,
-    Prompt,
-    Split,
-    check_split,
-    check_test_share,
-    held_out_indices,
-    parse_task_options,
-    train_indices,
-)
-
-LIMIT = 100
-"""The chain stops at the first running total >= LIMIT."""
-
-
-class ChainOptions(BaseModel):
-    """`task.kwargs` for "chain"."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    step_min: int = Field(3, ge=1, le=99, description="Smallest step b; the longest chain has ceil(100 / step_min) steps.")
-    step_max: int = Field(40, ge=1, le=99, description="Largest step b.")
-
-    @model_validator(mode="after")
-    def _order(self) -> ChainOptions:
-        if self.step_min > self.step_max:
-            raise ValueError(f"step_min ({self.step_min}) must not exceed step_max ({self.step_max})")
-        return self
-
-    @property
-    def space(self) -> int:
-        """Number of distinct problems: start a in [0, 99] times step b in [step_min, step_max]."""
-        return LIMIT * (self.step_max - self.step_min + 1)
-
-
-def parse_chain_options(kwargs: dict) -> ChainOptions:
-    """Validate `task.kwargs` with messages that name the config path."""
-    return parse_task_options(ChainOptions, kwargs, "chain")
-
-
-def check_chain_config(kwargs: dict, test_size: int) -> None:
-    """Fail at load time if the options are invalid or leave too few training problems."""
-    space = parse_chain_options(kwargs).space
-    check_test_share(test_size, space, "chain", "widen task.kwargs.step_min/step_max")
+from cadence.data.options import LIMIT, ChainOptions, parse_chain_options
+from cadence.data.tasks import Extract, Prompt, Split, check_split, held_out_indices, train_indices
 
 
 def chain_answer(a: int, b: int) -> tuple[str, int]:

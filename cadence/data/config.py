@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cadence.data.options import check_arith_config, check_chain_config
+
 TaskKind = Literal["arith", "chain", "jsonl", "rg"]
 RG_PREFIX = "rg:"
 
@@ -101,12 +103,8 @@ class TaskConfig(BaseModel):
                         f"task.{attr} is only used by task.name 'jsonl' (got name {self.name!r})"
                     )
         if kind == "arith":
-            from cadence.data.arithmetic import check_arith_config
-
             check_arith_config(self.kwargs, self.test_size)
         elif kind == "chain":
-            from cadence.data.chain import check_chain_config
-
             check_chain_config(self.kwargs, self.test_size)
         elif kind == "jsonl":
             self._check_jsonl()

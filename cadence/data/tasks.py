@@ -3,7 +3,7 @@
 A `Task` turns a `TaskConfig` into lists of `Prompt`s for a split. Every task
 keeps its train and test splits disjoint *for the same seed* (a test prompt's
 text never appears in train), so that evaluation measures generalisation and
-not recall. Tasks are built by name through `build_task`; see
+not recall. Tasks are built by name through `cadence.data.build.build_task`; see
 `cadence.data.config.TaskConfig` for the naming scheme.
 """
 
@@ -12,14 +12,8 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ValidationError
-
-if TYPE_CHECKING:
-    from cadence.data.config import TaskConfig
-
-OptionsT = TypeVar("OptionsT", bound=BaseModel)
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, ...] = ("train", "test")
 
@@ -82,28 +76,6 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(digest, "big")
 
 
-def build_task(cfg: TaskConfig) -> Task:
-    """Construct the task a (validated) `TaskConfig` names."""
-    from cadence.data.config import task_kind
-
-    kind = task_kind(cfg.name)
-    if kind == "arith":
-        from cadence.data.arithmetic import ArithmeticTask
-
-        return ArithmeticTask.from_config(cfg)
-    if kind == "chain":
-        from cadence.data.chain import AdditionChainTask
-
-        return AdditionChainTask.from_config(cfg)
-    if kind == "jsonl":
-        from cadence.data.jsonl import JsonlTask
-
-        return JsonlTask.from_config(cfg)
-    from cadence.data.reasoning_gym import ReasoningGymTask
-
-    return ReasoningGymTask.from_config(cfg)
-
-
 def held_out_indices(key: str, space: int, size: int, seed: int) -> list[int]:
     """A fixed sample of `size` distinct problem indices in [0, space): a generated task's test split."""
     return random.Random(stable_hash(key, "test", seed)).sample(range(space), size)
@@ -121,24 +93,3 @@ def train_indices(key: str, space: int, n: int, seed: int, stream: str, held_out
         if index not in held_out:
             out.append(index)
     return out
-
-
-def parse_task_options(options_cls: type[OptionsT], kwargs: dict, task: str) -> OptionsT:
-    """Validate `task.kwargs` of a built-in task, with messages that name the config path."""
-    try:
-        return options_cls(**kwargs)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"task.kwargs.{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise ValueError(f"invalid {task!r} options: {problems}") from None
-
-
-def check_test_share(test_size: int, space: int, task: str, fix: str) -> None:
-    """Fail if the test split would take more than half of a generated task's problems."""
-    if test_size > space // 2:
-        raise ValueError(
-            f"task.test_size={test_size} would hold out more than half of the {space} "
-            f"distinct {task!r} problems; lower it or {fix}"
-        )

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from cadence.config import ConfigError, _explain, apply_override, parse_override, read_yaml
+from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import build_task
 from cadence.envs.expert import Demonstration, demonstrations
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.models.tiny import char_tokenizer, tiny_model

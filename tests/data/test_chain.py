@@ -8,9 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from cadence.config import RunConfig, load_config
+from cadence.data.build import build_task
 from cadence.data.chain import AdditionChainTask, chain_answer
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import Prompt, build_task
+from cadence.data.tasks import Prompt
 from cadence.recipes.sft import length_buckets
 from cadence.rewards.build import build_reward
 

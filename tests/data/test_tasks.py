@@ -8,10 +8,11 @@ import pytest
 from pydantic import ValidationError
 
 from cadence.data.arithmetic import TERMINATOR, ArithmeticTask
+from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
 from cadence.data.jsonl import JsonlError, JsonlTask, load_jsonl
 from cadence.data.reasoning_gym import ReasoningGymTask
-from cadence.data.tasks import Task, build_task
+from cadence.data.tasks import Task
 
 # ------------------------------------------------------------------ arith
 

@@ -11,8 +11,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
-from cadence.data.tasks import Prompt, build_task
+from cadence.data.tasks import Prompt
 from cadence.rewards.build import build_reward
 from cadence.rewards.config import RewardConfig
 from cadence.rewards.guard import RewardGuard, RewardOutcome

@@ -1,0 +1,26 @@
+"""Build the task a TaskConfig names."""
+
+from __future__ import annotations
+
+from cadence.data.config import TaskConfig, task_kind
+from cadence.data.tasks import Task
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    """Construct the task a (validated) `TaskConfig` names."""
+    kind = task_kind(cfg.name)
+    if kind == "arith":
+        from cadence.data.arithmetic import ArithmeticTask
+
+        return ArithmeticTask.from_config(cfg)
+    if kind == "chain":
+        from cadence.data.chain import AdditionChainTask
+
+        return AdditionChainTask.from_config(cfg)
+    if kind == "jsonl":
+        from cadence.data.jsonl import JsonlTask
+
+        return JsonlTask.from_config(cfg)
+    from cadence.data.reasoning_gym import ReasoningGymTask
+
+    return ReasoningGymTask.from_config(cfg)
