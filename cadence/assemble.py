@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 
 from cadence.config import RunConfig
-from cadence.data.tasks import build_task
+from cadence.data.build import build_task
 from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
