@@ -217,12 +217,3 @@ def summarise(cfg: SimConfig, lay: Layout, records: list[StepRecord], k: int, en
         tokens_per_s=sum(r.response_tokens for r in measured) / elapsed,
         step_s=elapsed / len(measured),
     )
-
-
-def simulate(cfg: SimConfig) -> SimResult:
-    """One run: an RLVR one, or an agentic one when `cfg.env` is set."""
-    if cfg.env is not None:
-        from cadence.simulate.agentic import AgenticSim
-
-        return AgenticSim(cfg).run()
-    return ClusterSim(cfg).run()

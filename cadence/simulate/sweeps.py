@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cadence.config import apply_override
-from cadence.simulate.cluster import SimResult, layout, simulate
+from cadence.simulate.cluster import SimResult, layout
 from cadence.simulate.config import SimConfig
+from cadence.simulate.run import simulate
 
 Progress = Callable[[str], None]
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cadence.cli import app
-from cadence.simulate.cluster import simulate
 from cadence.simulate.config import load_sim_config
+from cadence.simulate.run import simulate
 from cadence.simulate.virtual_asyncio import VirtualTimeLoop, VirtualTimeStalled
 
 # A cluster whose GPUs cost (almost) nothing: what is left of a step is the environments' time.
