@@ -71,6 +71,16 @@ def staged_path(host_path: str) -> str:
     return point
 
 
+def enter_private_namespace() -> None:
+    """Move the calling thread into a mount namespace of its own (once): what it mounts there is
+    seen by the processes it forks (bwrap), never by the host. Raises OSError without CAP_SYS_ADMIN."""
+    if not getattr(_thread, "private", False):
+        _libc_call("unshare", CLONE_NEWNS)  # this thread only (a thread may: it implies CLONE_FS)
+        # Slave: host mounts still reach us, ours never reach the host.
+        _libc_call("mount", b"none", b"/", None, MS_REC | MS_SLAVE, None)
+        _thread.private = True
+
+
 def mount_staged(host_paths: list[str]) -> None:
     """Bind `host_paths` on their mount points, in the calling thread's private mount namespace
     (made on its first call). Call it from the thread that then forks bwrap. A point that does not
@@ -79,11 +89,7 @@ def mount_staged(host_paths: list[str]) -> None:
     if not host_paths:
         return
     try:
-        if not getattr(_thread, "private", False):
-            _libc_call("unshare", CLONE_NEWNS)  # this thread only (a thread may: it implies CLONE_FS)
-            # Slave: host mounts still reach us, ours never reach the host.
-            _libc_call("mount", b"none", b"/", None, MS_REC | MS_SLAVE, None)
-            _thread.private = True
+        enter_private_namespace()
         for path in host_paths:
             real = os.path.realpath(path)
             point = staged_path(real)
