@@ -88,12 +88,14 @@ class Trajectory:
 
     def _parent(self, prompt_ids: list[int]) -> Completion | None:
         """The completion this prompt continues id for id (the longest one), if any."""
-        best = None
+        best, best_len = None, -1
         for node in self.completions:
-            full = node.full_ids
-            if len(full) <= len(prompt_ids) and prompt_ids[: len(full)] == full:
-                if best is None or len(full) > len(best.full_ids):
-                    best = node
+            start, tokens = len(node.prompt_ids), node.result.token_ids
+            end = start + len(tokens)
+            # The sampled ids first: short, and they tell completions of one prompt apart.
+            if best_len < end <= len(prompt_ids) and prompt_ids[start:end] == tokens \
+                    and prompt_ids[:start] == node.prompt_ids:
+                best, best_len = node, end
         return best
 
     def _sample(self, leaf: Completion, reward: float, group_id: int, prompt_id: str) -> Sample:

@@ -1,0 +1,220 @@
+"""What the agent endpoint adds per turn, and whether it holds 256 agent runs at once.
+
+    python benchmarks/agent_endpoint.py                # ~1 min; writes docs/results/agent_endpoint.json
+    python benchmarks/agent_endpoint.py --quick        # smoke: fewer turns and runs, writes nothing
+
+On the mock engine (no model: a turn costs only what the path around it costs),
+over one InferenceHub served on this loop, with the AgentEndpoint on
+127.0.0.1 as a task on the same loop:
+
+  added latency   one agent, turn after turn, alternating: in-process
+                  `await hub.generate(GenRequest)` on pre-rendered ids, then the same
+                  conversation as a chat request over HTTP, by the `openai.AsyncOpenAI`
+                  client (what agents use) and by a bare httpx client (the server's
+                  share). Added latency = HTTP turn - in-process turn, p50 and p99.
+  concurrency     256 agent runs at once, each its own key and client, 4 chat turns
+                  each; errors counted, turns/s and per-turn latency.
+
+The machine's load average is recorded beside the numbers: other jobs on
+these 2 cores add to every percentile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from cadence.agents import AgentEndpoint
+from cadence.inference.hub import InferenceHub
+from cadence.inference.mock import MockEngine
+from cadence.inference.types import GenRequest, SamplingParams
+from cadence.models.tiny import char_tokenizer
+
+COMMAND = "python benchmarks/agent_endpoint.py"
+OUT = Path("docs/results/agent_endpoint.json")
+TEMPLATE = (  # Qwen2-style turns
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+REPLY_TOKENS = 16
+
+
+def chat_tokenizer():
+    tok = char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+class TimedApp:
+    """The endpoint's ASGI app, timed from a request's arrival to its last byte out."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.times: list[float] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        start = time.perf_counter()
+        await self.app(scope, receive, send)
+        self.times.append(time.perf_counter() - start)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def conversation(turn: int) -> list[dict]:
+    """The messages of an agent at `turn`: a question, then replies and follow-ups."""
+    messages = [{"role": "user", "content": "What is 17 times 23? Think step by step."}]
+    for i in range(turn):
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"and then {i}?"}]
+    return messages
+
+
+async def added_latency(endpoint: AgentEndpoint, hub: InferenceHub, tok, turns: int) -> dict:
+    """One agent at a time, 8 turns per run (so each run's trajectory stays agent-sized)."""
+    bare = httpx.AsyncClient(base_url=endpoint.base_url)
+    client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="-", max_retries=0, http_client=bare)
+    params = SamplingParams(max_new_tokens=REPLY_TOKENS)
+    times: dict[str, list[float]] = {"in_process": [], "openai": [], "httpx": []}
+    cpu = dict.fromkeys(times, 0.0)  # process CPU seconds: what the path costs, whatever the load
+    run = ""
+    for turn in range(turns):
+        if turn % 8 == 0:
+            if run:
+                endpoint.close_run(run)
+            run = endpoint.open_run()
+            client.api_key = run
+            bare.headers["authorization"] = f"Bearer {run}"
+        messages = conversation(turn % 8)
+        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False)
+        body = {"model": "cadence", "messages": messages, "max_tokens": REPLY_TOKENS}
+        calls = {
+            "in_process": hub.generate(GenRequest(f"direct-{turn}", ids, params)),
+            "openai": client.chat.completions.create(**body),
+            "httpx": bare.post("/chat/completions", json=body),
+        }
+        for name, call in calls.items():  # awaited one after the other, in this order
+            start, start_cpu = time.perf_counter(), time.process_time()
+            await call
+            times[name].append(time.perf_counter() - start)
+            cpu[name] += time.process_time() - start_cpu
+    await bare.aclose()
+    endpoint.close_run(run)
+    times["server"] = endpoint.app.times[-len(times["httpx"]) * 2:]  # the HTTP turns' time in the app
+    warm = {k: v[len(v) // 10:] for k, v in times.items()}  # the first tenth warms caches up
+    out = {f"{k}_ms": {"p50": pct(v, 50) * 1e3, "p99": pct(v, 99) * 1e3} for k, v in warm.items()}
+    for client_name in ("openai", "httpx"):
+        out[f"added_{client_name}_ms"] = {q: out[f"{client_name}_ms"][q] - out["in_process_ms"][q]
+                                          for q in ("p50", "p99")}
+    out["added_server_ms"] = {q: out["server_ms"][q] - out["in_process_ms"][q] for q in ("p50", "p99")}
+    out["cpu_ms_per_turn"] = {k: v / turns * 1e3 for k, v in cpu.items()}
+    out["turns"] = len(warm["in_process"])
+    return out
+
+
+async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dict:
+    """`runs` agents at once, each with its own key, their clients over one connection pool (a
+    new httpx client per agent costs ~100 ms of CPU for its SSL context alone)."""
+    pool = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=runs),
+                             timeout=120)
+    latencies: list[float] = []
+    errors: list[str] = []
+    samples = 0
+
+    async def agent() -> None:
+        nonlocal samples
+        run = endpoint.open_run()
+        client = openai.AsyncOpenAI(base_url=endpoint.run_url(run), api_key=run, max_retries=0, http_client=pool)
+        messages = [{"role": "user", "content": "What is 17 times 23?"}]
+        try:
+            for turn in range(turns):
+                start = time.perf_counter()
+                reply = await client.chat.completions.create(model="cadence", messages=messages,
+                                                             max_tokens=REPLY_TOKENS)
+                latencies.append(time.perf_counter() - start)
+                messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                             {"role": "user", "content": f"and then {turn}?"}]
+        except Exception as e:  # counted: the claim is that there are none
+            errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            samples += len(endpoint.close_run(run).samples(0.0, 0, "bench"))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(agent() for _ in range(runs)))
+    wall = time.perf_counter() - start
+    await pool.aclose()
+    return {"runs": runs, "turns_per_run": turns, "errors": len(errors), "first_errors": errors[:3],
+            "wall_s": wall, "turns_per_s": len(latencies) / wall, "samples": samples,
+            "turn_ms": {"p50": pct(latencies, 50) * 1e3, "p99": pct(latencies, 99) * 1e3}}
+
+
+async def measure(turns: int, runs: int, turns_per_run: int) -> dict:
+    tok = chat_tokenizer()
+    engine = MockEngine(max_batch_size=max(64, runs), length_dist="fixed", median_tokens=REPLY_TOKENS,
+                        vocab_size=len(tok), eos_id=tok.eos_token_id, answer_fn=lambda req: "ok")
+    hub = InferenceHub([engine])
+    endpoint = AgentEndpoint(hub, tok)
+    endpoint.app = TimedApp(endpoint.app)
+
+    async def both() -> dict:
+        await endpoint.start()
+        try:
+            return {"added_latency": await added_latency(endpoint, hub, tok, turns),
+                    "concurrency": await concurrent_runs(endpoint, runs, turns_per_run),
+                    "endpoint_metrics": endpoint.metrics()}
+        finally:
+            await endpoint.stop()
+
+    return await hub.serving(both())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=1000, help="turns of the added-latency agent")
+    parser.add_argument("--runs", type=int, default=256, help="concurrent agent runs")
+    parser.add_argument("--turns-per-run", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="100 turns, 32 runs, nothing written")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.quick:
+        args.turns, args.runs = 100, 32
+    load_before = os.getloadavg()
+    result = asyncio.run(measure(args.turns, args.runs, args.turns_per_run))
+    result.update({
+        "command": " ".join([COMMAND, shlex.join(sys.argv[1:])]).strip(),
+        "engine": f"MockEngine, fixed {REPLY_TOKENS}-token replies, no simulated latency",
+        "cpus": os.cpu_count(),
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+    })
+    added, conc = result["added_latency"], result["concurrency"]
+    print(f"in-process hub.generate  p50 {added['in_process_ms']['p50']:.2f} ms  p99 {added['in_process_ms']['p99']:.2f} ms")
+    print(f"in the endpoint's app (server side)  p50 {added['server_ms']['p50']:.2f} ms  p99 {added['server_ms']['p99']:.2f} ms")
+    for name in ("openai", "httpx"):
+        print(f"HTTP ({name:6s})  turn p50 {added[name + '_ms']['p50']:.2f} ms  p99 {added[name + '_ms']['p99']:.2f} ms"
+              f"  added p50 {added['added_' + name + '_ms']['p50']:.2f} ms  p99 {added['added_' + name + '_ms']['p99']:.2f} ms")
+    print("CPU ms per turn: " + ", ".join(f"{k} {v:.2f}" for k, v in added["cpu_ms_per_turn"].items()))
+    print(f"{conc['runs']} concurrent runs x {conc['turns_per_run']} turns: {conc['errors']} errors, "
+          f"{conc['turns_per_s']:.0f} turns/s, turn p50 {conc['turn_ms']['p50']:.1f} ms p99 {conc['turn_ms']['p99']:.1f} ms")
+    print(f"load average (1, 5, 15 min) before {load_before}, after {result['load_average_1_5_15']['after']}")
+    if not args.quick:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
