@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from cadence.sandbox import seccomp, staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
 from cadence.sandbox.system_view import system_view
+from cadence.sandbox.template_root import TemplateRoot
+from cadence.sandbox.templates import Template
 
 SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 # The agent's modules, dependencies first; the last one runs as __main__ (see agent.py).
@@ -82,6 +84,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     stage: list[str] = field(default_factory=list)  # host paths to stage first (staging.py)
     seccomp: bytes | None = None  # the filter bwrap loads (seccomp.py); argv_with() adds its fd
+    root: TemplateRoot | None = None  # a template's copy-on-write root, mounted by the spawner
 
     def argv_with(self, seccomp_fd: int | None) -> list[str]:
         """The argv, with `--seccomp FD` for bwrap when there is a filter to load."""
@@ -289,9 +292,12 @@ def _unisolated_runtime(rt: Runtime, python: str | None, switching_uid: bool) ->
 
 
 def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False,
-           python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False) -> Launch:
+           python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False,
+           template: Template | None = None) -> Launch:
     """The command that starts one sandbox agent, isolated by bwrap (or, with the opt-in, not).
-    `dev_tools`: show /usr whole, debuggers and compilers included (system_view.py)."""
+    `dev_tools`: show /usr whole, debuggers and compilers included (system_view.py). `template`:
+    the root file system is the template's, under a copy-on-write layer (template_root.py); one
+    with its own system runs its own python3 and shows nothing of the host's /usr."""
     if python_packages not in PYTHON_PACKAGES:
         raise ValueError(f"python_packages={python_packages!r}: use one of {PYTHON_PACKAGES}")
     uid = _host_uid()
@@ -302,12 +308,16 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
             "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap), or pass "
             "allow_unisolated=True / --allow-unisolated for an rlimits-only sandbox without isolation"
         )
+    if bwrap is None and template is not None:
+        raise IsolationUnavailable(f"template {template.name!r}: a sandbox on a template needs bubblewrap")
     if bwrap is None:
         rt = _unisolated_runtime(rt, python, uid is not None)
-    agent = _agent_payload(rt.magic)
+    own = template is not None and template.own_system
+    agent = _agent_payload(template.magic if own else rt.magic)
     loader = ["-I", "-S", "-c", LOADER, str(len(agent))]
     # Unisolated, the host's own paths are what the agent sees.
-    view = python_view(rt, python_packages) if bwrap else PythonView(
+    view = PythonView([], [], template.python, list(template.site_dirs), {}) if own else (
+        python_view(rt, python_packages)) if bwrap else PythonView(
         [], [], rt.executable, list(rt.site_dirs) if python_packages == "site" else [], {})
     cfg = {
         "limits": limits.model_dump(),
@@ -338,8 +348,12 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     argv = [
         bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1",
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv",
-        *system_view(dev_tools, keep=(rt.executable,)),
     ]
+    root = TemplateRoot.for_sandbox(template, limits.disk_mb, uid) if template is not None else None
+    if root is not None:
+        argv += ["--bind", root.merged, "/"]  # first: everything below mounts over it
+    if not own:
+        argv += system_view(dev_tools, keep=(rt.executable,))
     stage: list[str] = []
     for host, inside in [*view.binds, *((m.host, m.inside) for m in mounts)]:
         argv += ["--ro-bind", _bind_source(host, uid is not None, stage), inside]
@@ -352,7 +366,9 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--size", size, "--tmpfs", "/dev/shm",  # else --dev's own /dev/shm: a tmpfs without a size
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", WORKSPACE,
-        "--remount-ro", "/",  # the root itself (/opt, the mount points): only /workspace and /tmp are writable
+        # The root itself read-only (/opt, the mount points): only /workspace and /tmp are writable;
+        # on a template, its copy-on-write layer takes writes too.
+        *(["--remount-ro", "/"] if root is None else []),
         "--chdir", WORKSPACE,
         view.executable, *loader,
     ]
@@ -360,4 +376,4 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     if prog is None:
         raise IsolationUnavailable(f"no seccomp syscall table for {platform.machine()} "
                                    f"(known: {sorted(seccomp.TABLES)}); add one to cadence/sandbox/seccomp.py")
-    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage, seccomp=prog)
+    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage, seccomp=prog, root=root)

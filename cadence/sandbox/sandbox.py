@@ -24,7 +24,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from cadence.sandbox import seccomp, staging
+from cadence.sandbox import seccomp, staging, templates
 from cadence.sandbox.cgroup import SandboxCgroup
 from cadence.sandbox.isolation import Mount, launch
 from cadence.sandbox.models import (
@@ -35,6 +35,7 @@ from cadence.sandbox.models import (
     SandboxDied,
     SandboxError,
 )
+from cadence.sandbox.template_root import TemplateRoot
 
 
 def _cmdline(pid: int) -> bytes:
@@ -60,16 +61,22 @@ def _new_spawner_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_new_spawner_after_fork)
 
-def _popen(nice: int, stage: list[str], argv: list[str], **kw) -> subprocess.Popen:
+def _popen(nice: int, stage: list[str], argv: list[str], root: TemplateRoot | None = None, **kw) -> subprocess.Popen:
     """Popen with the spawner thread's nice value set to `nice` for the fork (a child inherits
     its forking thread's priority), then back to 0. `stage`: host paths bwrap reaches through
-    this thread's staging mounts (staging.py)."""
+    this thread's staging mounts (staging.py); `root`: a template's root to mount first."""
     staging.mount_staged(stage)
     me = threading.get_native_id()
     if nice:
         os.setpriority(os.PRIO_PROCESS, me, nice)
     try:
+        if root is not None:
+            root.mount(argv)
         return subprocess.Popen(argv, **kw)
+    except BaseException:
+        if root is not None:
+            root.release()
+        raise
     finally:
         if nice:
             os.setpriority(os.PRIO_PROCESS, me, 0)
@@ -85,11 +92,13 @@ FILE_TIMEOUT_S = 10.0  # a file op (16 MiB at most, on a tmpfs) takes millisecon
 class LocalSandbox:
     def __init__(self, limits: Limits | None = None, python: str | None = None,
                  allow_unisolated: bool = False, sandbox_id: str | None = None,
-                 python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False) -> None:
+                 python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False,
+                 template: str | templates.Template | None = None) -> None:
         """`python`: the interpreter inside (None: the one running cadence); `python_packages`:
         "site" (its site-packages importable, read-only) or "none" (standard library only);
         `mounts`: host code shown read-only under /opt/code (hosted environments); `dev_tools`:
-        the host's debuggers and compilers too (hidden by default, system_view.py)."""
+        the host's debuggers and compilers too (hidden by default, system_view.py); `template`: a
+        template (or its name in the default store) as the root file system (templates.py)."""
         self.id = sandbox_id or uuid.uuid4().hex[:12]
         self.limits = limits or Limits()
         self.python = python
@@ -97,6 +106,7 @@ class LocalSandbox:
         self.python_packages = python_packages
         self.mounts = tuple(mounts)
         self.dev_tools = dev_tools
+        self.template = templates.resolve(template)
         self.proc: subprocess.Popen | None = None
         self.isolated = False
         self.started_at = 0.0
@@ -113,7 +123,7 @@ class LocalSandbox:
         normal priority once up. Only as root, which may raise a priority back."""
         t0 = time.perf_counter()
         spec = launch(self.limits, self.python, self.allow_unisolated, self.python_packages, self.mounts,
-                      self.dev_tools)
+                      self.dev_tools, self.template)
         self.isolated, self._workspace_host = spec.isolated, spec.workspace_host
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
@@ -121,7 +131,7 @@ class LocalSandbox:
         try:
             self.proc = _SPAWNER.submit(
                 _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.stage,
-                spec.argv_with(filter_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                spec.argv_with(filter_fd), root=spec.root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                 start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/",
                 pass_fds=() if filter_fd is None else (filter_fd,), **kw,
             ).result()
@@ -146,6 +156,9 @@ class LocalSandbox:
             if self.isolated and err:
                 raise IsolationUnavailable(f"bubblewrap could not start a sandbox: {err}") from e
             raise SandboxDied(f"sandbox {self.id} did not start: {err or e}") from e
+        finally:
+            if spec.root is not None:  # bwrap holds its own reference now (template_root.py)
+                _SPAWNER.submit(spec.root.release).result()
         self.pid = hello["pid"]
         self.agent_pid = self.agent_host_pid()
         if background and os.geteuid() == 0 and self.agent_pid is not None:
