@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from cadence.algo.catalog import ADVANTAGES, AdvantageInfo, add_entry, attach
 from cadence.algo.turn_returns import spread_over_turns, turn_returns
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ AdvantageFn = Callable[
 
 @dataclass(frozen=True)
 class AdvantageSpec:
+    """A registered estimator: its function and its catalog entry (catalog.AdvantageInfo)."""
+
     name: str
     fn: AdvantageFn
     description: str
@@ -60,7 +63,12 @@ class AdvantageSpec:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, AdvantageSpec] = {}
+_FUNCTIONS: dict[str, AdvantageFn] = {}
+
+
+def implements(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: `fn` is the advantage estimator that catalog.ADVANTAGES lists under `name`."""
+    return attach(_FUNCTIONS, ADVANTAGES, "advantage estimator", name)
 
 
 def register(
@@ -71,14 +79,9 @@ def register(
     per_turn: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: make `fn` available as `AlgorithmConfig(advantage=name)`."""
-
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in _REGISTRY:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _REGISTRY[name] = AdvantageSpec(name, fn, description, needs_values, accepts_token_rewards, per_turn)
-        return fn
-
-    return wrap
+    info = AdvantageInfo(description, needs_values, accepts_token_rewards, per_turn)
+    add_entry(ADVANTAGES, "advantage estimator", name, info)
+    return implements(name)
 
 
 def get(name: str) -> AdvantageFn:
@@ -88,19 +91,22 @@ def get(name: str) -> AdvantageFn:
 
 def spec(name: str) -> AdvantageSpec:
     """The full registry entry (function, description, what it needs)."""
-    if name not in _REGISTRY:
+    if name not in _FUNCTIONS:
         raise KeyError(f"unknown advantage estimator {name!r}; valid: {', '.join(names())}")
-    return _REGISTRY[name]
+    info = ADVANTAGES[name]
+    return AdvantageSpec(
+        name, _FUNCTIONS[name], info.description, info.needs_values, info.accepts_token_rewards, info.per_turn
+    )
 
 
 def names() -> list[str]:
     """Registered estimator names, in registration order."""
-    return list(_REGISTRY)
+    return list(_FUNCTIONS)
 
 
 def describe() -> dict[str, str]:
     """name -> one-line description."""
-    return {name: s.description for name, s in _REGISTRY.items()}
+    return {name: ADVANTAGES[name].description for name in _FUNCTIONS}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -168,7 +174,7 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- estimators
 
 
-@register("grpo", "group-normalised: (R_i - mean_group) / (std_group + eps); std optional")
+@implements("grpo")
 def grpo_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,
@@ -190,7 +196,7 @@ def grpo_advantages(
     return AdvantageOutput(_broadcast(adv, mask), _broadcast(rewards, mask))
 
 
-@register("rloo", "leave-one-out baseline: R_i - mean of the other members of the group")
+@implements("rloo")
 def rloo_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,
@@ -210,11 +216,7 @@ def rloo_advantages(
     return AdvantageOutput(_broadcast(adv, mask), _broadcast(rewards, mask))
 
 
-@register(
-    "reinforce_plus_plus",
-    "REINFORCE++: rewards (or token returns-to-go) normalised over the whole batch",
-    accepts_token_rewards=True,
-)
+@implements("reinforce_plus_plus")
 def reinforce_plus_plus_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,
@@ -256,13 +258,7 @@ def reinforce_plus_plus_advantages(
     return AdvantageOutput(adv * mask, returns)
 
 
-@register(
-    "gae",
-    "generalised advantage estimation with a critic (gamma, lam)",
-    needs_values=True,
-    accepts_token_rewards=True,
-    per_turn=True,
-)
+@implements("gae")
 def gae_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,
@@ -309,12 +305,7 @@ def whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
     return (x - mean) / (var.sqrt() + eps) * mask
 
 
-@register(
-    "turn_grpo",
-    "per-turn: each turn's discounted return-to-go (gamma per turn), normalised over its group's turns",
-    accepts_token_rewards=True,
-    per_turn=True,
-)
+@implements("turn_grpo")
 def turn_grpo_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,

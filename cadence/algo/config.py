@@ -8,8 +8,9 @@ constant length and does not divide by the std; GSPO averages per sequence).
 A loss registers those as `defaults`; they are applied to every field the
 user did *not* set explicitly. An explicit value always wins.
 
-Extending: add a field (with a description) or a sub-model here; registries
-in losses.py / advantages.py hold the names that `loss` and `advantage` accept.
+Extending: add a field (with a description) or a sub-model here; catalog.py
+holds the names that `loss` and `advantage` accept (losses.py / advantages.py
+register new ones).
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-from cadence.algo import advantages as advantage_registry
-from cadence.algo import losses as loss_registry
 from cadence.algo.aggregation import AggregationMode
 from cadence.algo.asyppo import CriticConfig
+from cadence.algo.catalog import ADVANTAGES, LOSSES
 from cadence.algo.rhythm import CreditMode, RhythmConfig
 
 # `algorithm.name` presets: defaults for fields the user did not set.
@@ -314,17 +314,15 @@ class AlgorithmConfig(BaseModel):
     @field_validator("loss")
     @classmethod
     def _loss_known(cls, v: str) -> str:
-        if v not in loss_registry.names():
-            raise ValueError(
-                f"loss={v!r} is not a registered loss; valid: {', '.join(loss_registry.names())}"
-            )
+        if v not in LOSSES:
+            raise ValueError(f"loss={v!r} is not a registered loss; valid: {', '.join(LOSSES)}")
         return v
 
     @field_validator("advantage")
     @classmethod
     def _advantage_known(cls, v: str) -> str:
-        if v not in advantage_registry.names():
-            valid = ", ".join(advantage_registry.names())
+        if v not in ADVANTAGES:
+            valid = ", ".join(ADVANTAGES)
             raise ValueError(f"advantage={v!r} is not a registered estimator; valid: {valid}")
         return v
 
@@ -387,10 +385,10 @@ class AlgorithmConfig(BaseModel):
     # --- cross-field checks
     @model_validator(mode="after")
     def _presets_then_checks(self) -> AlgorithmConfig:
-        # Presets first (values from the loss's registry entry, only for fields the user
+        # Presets first (values from the loss's catalog entry, only for fields the user
         # left unset), so the checks below see the settings that will actually run.
         self._apply_algorithm_preset()
-        for name, value in loss_registry.spec(self.loss).defaults.items():
+        for name, value in LOSSES[self.loss].defaults.items():
             if name not in self.model_fields_set:
                 setattr(self, name, value)
         self._resolve_mismatch()
@@ -401,13 +399,13 @@ class AlgorithmConfig(BaseModel):
         """'auto': every loss sees the behaviour policy mu, once. Losses whose own weight is
         against mu need nothing more; the rest get the truncated weight min(pi_old/mu, cap)."""
         if self.mismatch.mode == "auto":
-            mode = "none" if loss_registry.spec(self.loss).behaviour_weighted else "token"
+            mode = "none" if LOSSES[self.loss].behaviour_weighted else "token"
             self.mismatch = self.mismatch.model_copy(update={"mode": mode})
 
     @property
     def ignores_staleness(self) -> bool:
         """True when nothing in the loss corrects for samples from an older policy (mu != pi_old)."""
-        weighted = loss_registry.spec(self.loss).behaviour_weighted
+        weighted = LOSSES[self.loss].behaviour_weighted
         return not weighted and self.mismatch.mode in ("none", "auto")
 
     def _apply_algorithm_preset(self) -> None:
@@ -431,7 +429,7 @@ class AlgorithmConfig(BaseModel):
             )
         if not self.tis_cap > 0:
             raise ValueError(f"tis_cap={self.tis_cap} must be > 0 (Yao et al. use 2)")
-        if loss_registry.spec(self.loss).behaviour_weighted and self.mismatch.mode in WEIGHTING_MISMATCH_MODES:
+        if LOSSES[self.loss].behaviour_weighted and self.mismatch.mode in WEIGHTING_MISMATCH_MODES:
             raise ValueError(
                 f"loss={self.loss!r} already weights tokens by the behaviour policy mu; mismatch.mode="
                 f"{self.mismatch.mode!r} would apply pi_old/mu a second time. Use mismatch.mode='auto' "
@@ -452,17 +450,13 @@ class AlgorithmConfig(BaseModel):
                 f"kl.target={self.kl.target} adapts kl.coef from the KL measured in the loss: set "
                 "kl.coef > 0 (the starting value) and kl.mode='loss'"
             )
-        adv = advantage_registry.spec(self.advantage)
+        adv = ADVANTAGES[self.advantage]
         if adv.needs_values and not self.uses_critics:
             raise ValueError(
                 f"advantage={self.advantage!r} needs a critic's values: set name='ppo' or name='asyppo'"
             )
         if self.kl.coef > 0 and self.kl.mode == "reward" and not adv.accepts_token_rewards:
-            accepting = [
-                n
-                for n in advantage_registry.names()
-                if advantage_registry.spec(n).accepts_token_rewards
-            ]
+            accepting = [name for name, info in ADVANTAGES.items() if info.accepts_token_rewards]
             raise ValueError(
                 f"kl.mode='reward' needs an advantage estimator that takes token rewards ({accepting}); "
                 f"advantage={self.advantage!r} is sequence-level. Use kl.mode='loss' instead"

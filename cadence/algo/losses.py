@@ -11,9 +11,11 @@ Every loss returns a [B, T] per-token loss. `compute_policy_loss` (policy_loss.p
 applies the train/inference mismatch correction (mismatch.py), aggregates
 (aggregation.py), adds the KL and entropy terms and collects metrics.
 
-Add a loss with `@register("name", "one line", defaults={...})`; `defaults`
-are config values the loss implies (e.g. Dr. GRPO's aggregation), applied by
-`AlgorithmConfig` to fields the user did not set.
+Each built-in loss is listed in catalog.LOSSES (its one line, the config values
+it implies, whether it weights by mu): all that `AlgorithmConfig` reads. Add a
+loss of your own with `@register("name", "one line", defaults={...})`;
+`defaults` are config values the loss implies (e.g. Dr. GRPO's aggregation),
+applied by `AlgorithmConfig` to fields the user did not set.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from cadence.algo.catalog import LOSSES, LossInfo, add_entry, attach
 
 if TYPE_CHECKING:
     from cadence.algo.config import AlgorithmConfig
@@ -87,9 +91,8 @@ LossFn = Callable[[PolicyLossInputs, "AlgorithmConfig"], TokenLoss]
 
 @dataclass(frozen=True)
 class LossSpec:
-    """A registered loss. `behaviour_weighted`: its own importance weight already divides by mu
-    (TIS, CISPO, TOPR, decoupled PPO), so it corrects staleness by itself and must not get the
-    mismatch weight pi_old/mu a second time; every other loss gets that weight by default."""
+    """A registered loss: its function and its catalog entry (catalog.LossInfo says what the
+    description, `defaults` and `behaviour_weighted` mean)."""
 
     name: str
     fn: LossFn
@@ -100,7 +103,12 @@ class LossSpec:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, LossSpec] = {}
+_FUNCTIONS: dict[str, LossFn] = {}
+
+
+def implements(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: `fn` is the policy loss that catalog.LOSSES lists under `name`."""
+    return attach(_FUNCTIONS, LOSSES, "policy loss", name)
 
 
 def register(
@@ -110,14 +118,8 @@ def register(
     behaviour_weighted: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: make `fn` available as `AlgorithmConfig(loss=name)`."""
-
-    def wrap(fn: LossFn) -> LossFn:
-        if name in _REGISTRY:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _REGISTRY[name] = LossSpec(name, fn, description, dict(defaults or {}), behaviour_weighted)
-        return fn
-
-    return wrap
+    add_entry(LOSSES, "policy loss", name, LossInfo(description, dict(defaults or {}), behaviour_weighted))
+    return implements(name)
 
 
 def get(name: str) -> LossFn:
@@ -127,19 +129,20 @@ def get(name: str) -> LossFn:
 
 def spec(name: str) -> LossSpec:
     """The full registry entry (function, description, implied config defaults)."""
-    if name not in _REGISTRY:
+    if name not in _FUNCTIONS:
         raise KeyError(f"unknown policy loss {name!r}; valid: {', '.join(names())}")
-    return _REGISTRY[name]
+    info = LOSSES[name]
+    return LossSpec(name, _FUNCTIONS[name], info.description, info.defaults, info.behaviour_weighted)
 
 
 def names() -> list[str]:
     """Registered loss names, in registration order."""
-    return list(_REGISTRY)
+    return list(_FUNCTIONS)
 
 
 def describe() -> dict[str, str]:
     """name -> one-line description."""
-    return {name: s.description for name, s in _REGISTRY.items()}
+    return {name: LOSSES[name].description for name in _FUNCTIONS}
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -190,13 +193,13 @@ def _ppo_clip(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
 # ----------------------------------------------------------------------------- the losses
 
 
-@register("ppo", "PPO clipped surrogate, asymmetric eps_low/eps_high, optional dual clip")
+@implements("ppo")
 def ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); dual clip: min(L_t, -c A) for A < 0."""
     return _ppo_clip(inp, cfg)
 
 
-@register("grpo", "GRPO: the PPO clip objective; pair with group-normalised advantages and k3 KL")
+@implements("grpo")
 def grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A).
 
@@ -208,11 +211,7 @@ def grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return _ppo_clip(inp, cfg)
 
 
-@register(
-    "dr_grpo",
-    "Dr. GRPO: PPO clip, no std normalisation, token sums divided by a constant length",
-    defaults={"aggregation": "seq-mean-token-sum-norm", "std_normalize": False},
-)
+@implements("dr_grpo")
 def dr_grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), A = R_i - mean_group R.
 
@@ -226,11 +225,7 @@ def dr_grpo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return _ppo_clip(inp, cfg)
 
 
-@register(
-    "gspo",
-    "GSPO: sequence-level ratio (geometric mean of token ratios), clipped per sequence",
-    defaults={"aggregation": "seq-mean-token-mean"},
-)
+@implements("gspo")
 def gspo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """GSPO-token: s_i = exp(mean_t (log pi_theta - log pi_old)) over response tokens, and
 
@@ -251,11 +246,7 @@ def gspo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return TokenLoss(loss, {"clip_fraction": clipped, "seq_ratio_mean": seq_ratio.detach()})
 
 
-@register(
-    "decoupled_ppo",
-    "Decoupled PPO (Hilton et al.; AReaL): PPO clip on pi_theta/pi_old times sg(pi_old/mu), optional cap",
-    behaviour_weighted=True,
-)
+@implements("decoupled_ppo")
 def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = sg(w_t) * -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = pi_old(y_t) / mu(y_t).
 
@@ -281,11 +272,7 @@ def decoupled_ppo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss
     return TokenLoss(weight * ppo.per_token, ppo.stats)
 
 
-@register(
-    "tis",
-    "Truncated IS (Yao et al. 2025): -sg(min(pi_old/mu, tis_cap)) A log pi_theta",
-    behaviour_weighted=True,
-)
+@implements("tis")
 def tis_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -sg(min(w_t, C)) * A * log pi_theta(y_t),  w_t = pi_old(y_t) / mu(y_t),  C = tis_cap.
 
@@ -307,11 +294,7 @@ def tis_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return TokenLoss(per_token, {"clip_fraction": truncated, "is_weight_mean": weight})
 
 
-@register(
-    "cispo",
-    "CISPO (MiniMax-M1): -sg(clip(pi_theta/mu, 1-eps_low, 1+eps_high)) A log pi_theta, every token",
-    behaviour_weighted=True,
-)
+@implements("cispo")
 def cispo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -sg(clip(w_t, 1 - cispo_eps_low, 1 + cispo_eps_high)) * A * log pi_theta(y_t) * M_t,
     w_t = pi_theta(y_t) / mu(y_t).
@@ -336,12 +319,7 @@ def cispo_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return TokenLoss(per_token, stats)
 
 
-@register(
-    "topr",
-    "TOPR (Le Roux et al. 2025): positive sequences SFT-weighted, others by sg(min(1, pi_theta(y)/mu(y)))",
-    defaults={"aggregation": "seq-mean-token-sum"},
-    behaviour_weighted=True,
-)
+@implements("topr")
 def topr_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """Tapered off-policy REINFORCE, per sequence i with log pi(y_i) = sum_t log pi(y_t):
 
@@ -376,7 +354,7 @@ def topr_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     return TokenLoss(per_token, {"positive_fraction": positive_tokens, "is_weight_mean": weight})
 
 
-@register("reinforce", "Plain REINFORCE: -A log pi_theta (on-policy, no ratio, no clip)")
+@implements("reinforce")
 def reinforce_loss(inp: PolicyLossInputs, cfg: AlgorithmConfig) -> TokenLoss:
     """L_t = -A_t * log pi_theta(y_t)."""
     return TokenLoss(-inp.advantages * inp.logprobs)
