@@ -113,6 +113,10 @@ class AgentEndpoint:
         return trajectory
 
     @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.started
+
+    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
