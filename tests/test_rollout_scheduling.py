@@ -328,3 +328,33 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     owed = {stream.prompts[stream._order_for(0)[i]].id for i in range(resumed.trained.below)}
     assert owed <= set(trained)
     assert resumed.trained.below >= 8
+
+
+class _RecordingProducer:
+    """A producer whose groups never finish; it records what the worker tells it."""
+
+    needs_running_loop = False
+
+    def __init__(self) -> None:
+        self.weights: list[tuple[int, int | None]] = []
+
+    def on_weights(self, version: int, cancel_before: int | None) -> None:
+        self.weights.append((version, cancel_before))
+
+    def close(self) -> None:
+        pass
+
+    async def cancel(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("alpha, extra, expected", [(1, 2, 2), (2, 1, 1), (1, 0, None)])
+def test_extra_groups_that_can_no_longer_be_fresh_are_cancelled_at_a_weight_push(alpha, extra, expected):
+    """At version v a group started before v - alpha can only be dropped as stale: with extra groups
+    in flight the worker tells the producer to cancel those; without, nothing is cancelled."""
+    engine = MockEngine(max_batch_size=4, virtual_clock=True)
+    producer = _RecordingProducer()
+    worker = RolloutWorker(producer, InferenceHub([engine]), quota=2, alpha=alpha, extra=extra, background=False)
+    worker.update_weights({}, 3)
+    assert producer.weights == [(3, expected)] and worker.version == 3 and worker.swaps == 1
+    worker.close()
