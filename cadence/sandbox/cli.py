@@ -39,6 +39,8 @@ def run(
         help="site: the interpreter's site-packages importable (read-only); none: standard library only.")] = "site",
     allow_unisolated: Annotated[bool, typer.Option(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
+    template: Annotated[str | None, typer.Option(
+        help="Start on this template's root file system (`cadence sandbox template ls`).")] = None,
 ) -> None:
     """Run one command in a fresh sandbox: `cadence sandbox run --memory-mb 256 -- python3 -c 'print(1)'`.
 
@@ -57,7 +59,7 @@ def run(
     stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     try:
         with LocalSandbox(limits, python=python, allow_unisolated=allow_unisolated,
-                          python_packages=python_packages) as sb:
+                          python_packages=python_packages, template=template) as sb:
             r = sb.exec(cmd, stdin=stdin)
     except ValueError as e:  # --python-packages
         _fail(f"sandbox run: {e}")
@@ -204,3 +206,65 @@ def client_rm(name: Annotated[str, typer.Argument(help="The client's name.")],
     """Revoke NAME's token and stop its sandboxes."""
     _get(url, token_file, "DELETE", f"/v1/clients/{name}")
     typer.echo(f"revoked {name}")
+
+
+template_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                           help="Templates: named, cached root file systems a sandbox can start from.")
+app.add_typer(template_app, name="template")
+StoreOpt = Annotated[str | None, typer.Option(
+    "--store", help="Template store (default $CADENCE_TEMPLATE_DIR or ~/.cadence/sandbox/templates).")]
+
+
+def _store(store: str | None):
+    from cadence.sandbox.templates import TemplateStore
+
+    return TemplateStore(store)
+
+
+@template_app.command("build")
+def template_build(
+    name: Annotated[str, typer.Argument(help="The template's name.")],
+    from_dir: Annotated[str | None, typer.Option("--from-dir", help="A folder: its copy is the root.")] = None,
+    from_image: Annotated[str | None, typer.Option(
+        "--from-image", help="An OCI image archive: `docker save` tar, or an OCI layout (folder or tar).")] = None,
+    debian: Annotated[list[str] | None, typer.Option(
+        "--debian", help="Debian packages (mmdebstrap; python3 is always in). Repeat, or comma-separate.")] = None,
+    pip: Annotated[list[str] | None, typer.Option("--pip", help="pip requirements installed into a --debian root.")] = None,
+    suite: Annotated[str, typer.Option(help="Debian suite for --debian.")] = "bookworm",
+    mirror: Annotated[str | None, typer.Option(help="Debian mirror for --debian.")] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Build (or find cached) a template from exactly one of --from-dir, --from-image, --debian."""
+    if sum(x is not None for x in (from_dir, from_image, debian)) != 1:
+        _fail("template build: give exactly one of --from-dir, --from-image, --debian")
+    if pip and debian is None:
+        _fail("template build: --pip needs --debian (pip requirements are installed into a Debian root)")
+    try:
+        s = _store(store)
+        if from_dir is not None:
+            t = s.build_from_dir(name, from_dir)
+        elif from_image is not None:
+            t = s.build_from_image(name, from_image)
+        else:
+            pkgs = [p for item in debian for p in item.split(",") if p]
+            t = s.build_debian(name, pkgs, list(pip or []), suite=suite, mirror=mirror)
+    except SandboxError as e:
+        _fail(f"template build: {e}", 3 if isinstance(e, IsolationUnavailable) else 2)
+    typer.echo(f"{t.name}  {t.key}  {t.size_mb} MiB  {t.source}")
+
+
+@template_app.command("ls")
+def template_ls(store: StoreOpt = None) -> None:
+    """The templates: name, content key, size, python inside (or the host's), source."""
+    for t in _store(store).ls():
+        typer.echo(f"{t.name}  {t.key}  {t.size_mb} MiB  python={t.python or 'host'}  {t.source}")
+
+
+@template_app.command("rm")
+def template_rm(name: Annotated[str, typer.Argument(help="The template's name.")], store: StoreOpt = None) -> None:
+    """Forget NAME; its files go when no other name uses them."""
+    try:
+        _store(store).rm(name)
+    except SandboxError as e:
+        _fail(f"template rm: {e}")
+    typer.echo(f"removed {name}")
