@@ -25,7 +25,7 @@ from cadence.rollout.sample import Group, Sample
 from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble
-from cadence.train.data_parallel import DataParallel
+from cadence.train.data_parallel import DataParallel, SingleProcess
 from cadence.train.shard import rank_rows, token_balanced_bins
 from cadence.train.trainer import PolicyTrainer
 
@@ -80,6 +80,29 @@ def assert_same_weights(a: dict, b: dict, start: dict | None = None) -> None:
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=0), (k, float((a[k] - b[k]).abs().max()))
     if start is not None:
         assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-3
+
+
+def test_a_trainer_alone_is_rank_0_of_1_whose_collectives_return_their_input(tmp_path):
+    """The default `dp` (no torch.distributed): the whole batch is its share, collectives are
+    identities, and its checkpoint state carries the whole optimizer (resumable as is)."""
+    dp = SingleProcess()
+    rows, t = torch.tensor([2, 0, 1]), torch.tensor([1.5, -2.0])
+    assert dp.rows(rows, torch.tensor([5, 1, 9])) is rows
+    assert dp.gather_rows(t, rows, 3) is t and dp.all_sum(t) is t and dp.broadcast(t) is t
+    assert dp.sum_metrics({"a": 1.0}) == {"a": 1.0} and dp.even([rows]) == ([rows], 1)
+    assert dp.denominators(torch.tensor([[1.0, 1.0], [0.0, 0.0]])) == (2.0, 1.0)
+    trainer = build_trainer(TrainerConfig(micro_batch_size=2), AlgorithmConfig())
+    assert isinstance(trainer.dp, SingleProcess) and trainer.policy is trainer.model
+    assert not torch.distributed.is_initialized()
+    steps(trainer, 0, 1)
+    state = copy.deepcopy(trainer.state_dict())  # CPU tensors are handed over as they are, not copied
+    resumed = build_trainer(TrainerConfig(micro_batch_size=2), AlgorithmConfig())
+    resumed.model.load_state_dict(trainer.weights())
+    resumed.load_state_dict(state)
+    torch.manual_seed(1)  # the mini-batch order
+    continued = steps(trainer, 1, 3)
+    torch.manual_seed(1)
+    assert_same_metrics(continued, steps(resumed, 1, 3))
 
 
 def test_token_balanced_bins_by_hand():

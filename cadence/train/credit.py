@@ -51,9 +51,6 @@ class AttentionCredit:
         self.actor_attn.model.to(device)
         return self
 
-    def sync(self, policy: PreTrainedModel, version: int) -> None:
-        self.sync_weights(policy.state_dict(), version)
-
     def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         self.actor_attn.update_weights(state_dict, version)
 
@@ -121,13 +118,13 @@ class RemoteCredit:
         self._call = remote_object(make, cpus, resources, role="actor_attn", max_restarts=max_restarts,
                                    run_dir=run_dir, restore=lambda ask: ask("sync_weights", *self._weights))
         self.last_seconds = 0.0
-        self.sync(policy, 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
+        self.sync_weights(policy.state_dict(), 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
 
-    def sync(self, policy: PreTrainedModel, version: int) -> None:
+    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         import ray
 
         # One object-store copy, kept (the driver owns it) for a replacement actor.
-        self._weights = (ray.put({k: v.detach().cpu() for k, v in policy.state_dict().items()}), version)
+        self._weights = (ray.put({k: v.detach().cpu() for k, v in state_dict.items()}), version)
         self._call("sync_weights", *self._weights)
 
     def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:

@@ -21,7 +21,7 @@ from cadence.algo.asyppo import CriticConfig, critic_loss, explained_variance, p
 from cadence.models.critic import ValueModel, small_critic_config
 from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
-from cadence.train.data_parallel import DataParallel
+from cadence.train.data_parallel import DataParallel, SingleProcess
 
 
 def build_critic(cfg: CriticConfig, policy: PreTrainedModel, policy_path: str, seed: int) -> ValueModel:
@@ -50,7 +50,7 @@ class CriticEnsemble:
         self.generator = torch.Generator().manual_seed(seed)
         # Data parallel (set by the trainer): each rank trains every critic on its share of
         # that critic's rows, and the gradients are summed over ranks before the step.
-        self.dp: DataParallel | None = None
+        self.dp: DataParallel = SingleProcess()
 
     @property
     def num_critics(self) -> int:
@@ -90,8 +90,7 @@ class CriticEnsemble:
                 continue
             opt.zero_grad(set_to_none=True)
             total_tokens = float(batch.mask[rows].sum().clamp(min=1))
-            if self.dp is not None:
-                rows = self.dp.rows(rows, batch.attention_mask.sum(1))
+            rows = self.dp.rows(rows, batch.attention_mask.sum(1))
             loss_sum = 0.0
             for i in range(0, rows.numel(), self.micro):
                 sel = rows[i : i + self.micro]
@@ -102,9 +101,8 @@ class CriticEnsemble:
                 loss = critic_loss(values, returns[sel], part.mask, old_values[m, sel], self.cfg.value_clip) * weight
                 loss.backward()
                 loss_sum += loss.item()
-            if self.dp is not None:
-                self.dp.reduce_grads(critic.parameters())
-                loss_sum = float(self.dp.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=self.dp.device))[0])
+            self.dp.reduce_grads(critic.parameters())
+            loss_sum = float(self.dp.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=self.dp.device))[0])
             torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
             opt.step()
             metrics[f"critic/value_loss_{m}"] = loss_sum

@@ -20,6 +20,11 @@ optimizer state in CPU memory. FSDP runs collectives in every forward, so all
 ranks run the same number of micro-batches (a rank with fewer repeats one with
 zero loss weight). Collectives take tensors on the rank's device (NCCL moves
 only GPU memory), so every tensor built here is made there.
+
+`SingleProcess` is the same interface for a trainer alone in its process (no
+torch.distributed): the whole batch is its share and every collective is the
+identity, so the trainer has one code path and a one-process step computes
+exactly what it computed before data parallelism existed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from cadence.algo.aggregation import batch_denominators
+from cadence.train.checkpoint import load_full_optimizer
+from cadence.train.device import to_cpu
 from cadence.train.shard import rank_rows
 
 Strategy = Literal["ddp", "fsdp"]
@@ -58,11 +66,12 @@ class DataParallel:
 
     # -- the model ------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
-        """DDP wrapper, or the same module sharded in place by FSDP2."""
+        """DDP wrapper of the model moved to this rank's device, or the same module sharded in
+        place by FSDP2 (which moves each rank's shard itself: no whole copy on one GPU)."""
         if self.strategy == "ddp":
             # The buffers (rotary frequencies) never change: no per-forward broadcast.
             ids = [self.device] if self.device.type == "cuda" else None
-            return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+            return nn.parallel.DistributedDataParallel(model.to(self.device), device_ids=ids, broadcast_buffers=False)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -109,6 +118,18 @@ class DataParallel:
         state = get_model_state_dict(model, options=opts)
         return {k: v.detach().cpu() for k, v in state.items()}
 
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The optimizer state a checkpoint's trainer state holds: none here, each rank's shard goes
+        to `save_sharded`."""
+        return None
+
+    def load_optimizer(
+        self, model: nn.Module, plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
+        """A one-process optimizer state (a checkpoint's) into this rank's optimizer of `model`
+        (wrapped; `plain` is the module before wrapping, whose parameter names the state follows)."""
+        load_full_optimizer(model, plain, optimizer, state)
+
     # -- the batch ------------------------------------------------------------
     def rows(self, rows: Tensor, lengths: Tensor) -> Tensor:
         """This rank's token-balanced share of `rows` (lengths indexed by the entries of `rows`)."""
@@ -150,3 +171,55 @@ class DataParallel:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
+
+
+class SingleProcess(DataParallel):
+    """A trainer alone in its process: rank 0 of 1 without torch.distributed. The whole batch is
+    its share, the model is used as it is, and every collective returns its input."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        super().__init__(0, 1, "ddp", device=device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    @contextlib.contextmanager
+    def grad_sync(self, model: nn.Module, enabled: bool) -> Iterator[None]:
+        yield
+
+    def even(self, parts: list[Tensor]) -> tuple[list[Tensor], int]:
+        return parts, len(parts)
+
+    def full_state_dict(self, model: nn.Module, everywhere: bool = False) -> dict[str, Tensor]:
+        """The model's own weights for use in this process (`everywhere`: on its device, no copy),
+        else on CPU for what leaves the trainer."""
+        return model.state_dict() if everywhere else to_cpu(model.state_dict())
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        return optimizer.state_dict()
+
+    def load_optimizer(
+        self, model: nn.Module, plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
+        optimizer.load_state_dict(state)
+
+    def rows(self, rows: Tensor, lengths: Tensor) -> Tensor:
+        return rows
+
+    def gather_rows(self, local: Tensor, rows: Tensor, size: int, dim: int = 0) -> Tensor:
+        return local
+
+    def denominators(self, mask: Tensor) -> tuple[float, float]:
+        return batch_denominators(mask)
+
+    def all_sum(self, t: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+        return t
+
+    def broadcast(self, t: Tensor) -> Tensor:
+        return t
+
+    def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return metrics
+
+    def reduce_grads(self, params: Iterable[nn.Parameter]) -> None:
+        return None

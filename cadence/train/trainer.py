@@ -28,7 +28,6 @@ from transformers import PreTrainedModel
 
 from cadence.algo.advantages import compute_advantages
 from cadence.algo.advantages import spec as advantage_spec
-from cadence.algo.aggregation import batch_denominators
 from cadence.algo.asyppo import aggregate_values, uncertainty_masks
 from cadence.algo.config import AlgorithmConfig
 from cadence.algo.kl import AdaptiveKLController, shape_token_rewards
@@ -38,11 +37,11 @@ from cadence.algo.rhythm_shaping import credit_metrics, shape_advantages
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
-from cadence.train.checkpoint import load_full_optimizer, load_sharded, save_sharded
+from cadence.train.checkpoint import load_sharded, save_sharded
 from cadence.train.config import TrainerConfig
 from cadence.train.credit import AttentionCredit, RemoteCredit
 from cadence.train.critics import CriticEnsemble
-from cadence.train.data_parallel import DataParallel
+from cadence.train.data_parallel import DataParallel, SingleProcess
 from cadence.train.device import resolve_device, to_cpu
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
 
@@ -81,11 +80,10 @@ class PolicyTrainer:
         credit: AttentionCredit | RemoteCredit | None = None,
         dp: DataParallel | None = None,
     ) -> None:
-        self.dp = dp  # None: one process, no torch.distributed
+        """`dp`: this trainer's rank in a data-parallel group; by default it is alone in its process."""
+        self.dp = dp if dp is not None else SingleProcess(resolve_device(trainer_cfg.device))
         # A rank computes where its group does (its own GPU under NCCL).
-        self.device = dp.device if dp is not None else resolve_device(trainer_cfg.device)
-        if dp is None or dp.strategy == "ddp":  # FSDP moves each rank's shard itself: no whole copy on one GPU
-            policy.to(self.device)
+        self.device = self.dp.device
         self.model = policy.train()  # the plain Hugging Face module
         self.cfg = trainer_cfg
         self.algo = algo_cfg
@@ -99,13 +97,13 @@ class PolicyTrainer:
         self.reference = reference.to(self.device) if algo_cfg.kl.coef > 0 else None
         kl = algo_cfg.kl  # kl.target: the coefficient adapts after every step (Ziegler et al.)
         self.kl_control = AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.target is not None else None
-        # Data parallel: DDP's wrapper, or the same module sharded by FSDP2 (its parameters
-        # become DTensors, so the optimizer is built after this).
-        self.policy = dp.wrap(policy) if dp is not None else policy
+        # On the trainer's device; data parallel: DDP's wrapper, or the same module sharded by FSDP2
+        # (its parameters become DTensors, so the optimizer is built after this).
+        self.policy = self.dp.wrap(policy)
         self.critics = critics
         if isinstance(critics, CriticEnsemble):  # remote critics and credit live on their actor's device
             critics.to(self.device)
-            critics.dp = dp
+            critics.dp = self.dp
         # Weights, gradients and AdamW's two moments: 16 bytes per fp32 parameter.
         self._critic_params = critics.num_parameters() if critics is not None else 0
         self.credit = credit.to(self.device) if isinstance(credit, AttentionCredit) else credit
@@ -130,8 +128,7 @@ class PolicyTrainer:
         for _ in range(0 if warming_up else self.cfg.epochs):
             # From the CPU generator, whose state checkpoints save: the same order on any device.
             order = torch.randperm(len(batch), device="cpu").to(self.device)
-            if self.dp is not None:  # ranks' RNGs drift apart (dropout): rank 0's order for all
-                order = self.dp.broadcast(order)
+            order = self.dp.broadcast(order)  # ranks' RNGs drift apart (dropout): rank 0's order for all
             for rows in order.chunk(self.cfg.mini_batches):
                 m = self._update(
                     batch.select(rows), advantages[rows], old_logprobs, ref_logprobs, rows,
@@ -205,8 +202,6 @@ class PolicyTrainer:
     # -- data parallel ---------------------------------------------------------
     def _over_shares(self, fn, batch: TrainBatch, dim: int = 0) -> torch.Tensor | None:
         """A row-wise pass over the batch: on each rank's share, gathered into the whole batch's."""
-        if self.dp is None:
-            return fn(batch)
         rows = self.dp.rows(torch.arange(len(batch), device=self.device), batch.attention_mask.sum(1))
         local = fn(batch.select(rows))
         return None if local is None else self.dp.gather_rows(local, rows, len(batch), dim)
@@ -214,8 +209,6 @@ class PolicyTrainer:
     def _gammas(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Attention-rhythm gammas for the batch; with data parallelism each rank reads the
         attention of its own share."""
-        if self.dp is None:
-            return self.credit.gammas(batch)
         seconds = 0.0
 
         def local(part: TrainBatch) -> torch.Tensor:
@@ -229,18 +222,12 @@ class PolicyTrainer:
 
     def _sync_credit(self) -> None:
         """actor_attn follows the policy's weights (full ones: each rank's copy is whole)."""
-        if self.credit is None:
-            return
-        if self.dp is None:
-            self.credit.sync(self.policy, self.version)
-        else:
+        if self.credit is not None:
             self.credit.sync_weights(self.dp.full_state_dict(self.policy, everywhere=True), self.version)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's full weights for the engines, on CPU (data parallel: a collective; rank 0's
         are whole, the other ranks get an empty dict)."""
-        if self.dp is None:
-            return to_cpu(self.policy.state_dict())
         return self.dp.full_state_dict(self.policy)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -269,7 +256,7 @@ class PolicyTrainer:
         with self._autocast():
             old = batched_logprobs(
                 self.policy, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
-                self.cfg.micro_batch_tokens, even=self.dp.even if self.dp is not None else None,
+                self.cfg.micro_batch_tokens, even=self.dp.even,
             )
         self.policy.train()
         return old
@@ -295,19 +282,17 @@ class PolicyTrainer:
     ) -> dict[str, float]:
         """One optimizer update over a mini-batch, accumulated over micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.dp is None:
-            tokens, seqs = batch_denominators(mini.mask)
-        else:  # this rank's share of the mini-batch, over the whole mini-batch's denominators
-            share = self.dp.rows(torch.arange(len(mini), device=self.device), mini.attention_mask.sum(1))
-            mini, advantages, rows = mini.select(share), advantages[share], rows[share]
-            adv_mask = adv_mask[share] if adv_mask is not None else None
-            entropy_mask = entropy_mask[share] if entropy_mask is not None else None
-            tokens, seqs = self.dp.denominators(mini.mask)
+        # This rank's share of the mini-batch, over the whole mini-batch's denominators.
+        share = self.dp.rows(torch.arange(len(mini), device=self.device), mini.attention_mask.sum(1))
+        mini, advantages, rows = mini.select(share), advantages[share], rows[share]
+        adv_mask = adv_mask[share] if adv_mask is not None else None
+        entropy_mask = entropy_mask[share] if entropy_mask is not None else None
+        tokens, seqs = self.dp.denominators(mini.mask)
         sums: dict[str, float] = {}
         # Similar lengths share a micro-batch (less padding); the loss is a sum over
         # micro-batches with mini-batch denominators, so the grouping cannot change it.
         parts = micro_batches(mini.attention_mask.sum(1), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
-        parts, real = self.dp.even(parts) if self.dp is not None else (parts, len(parts))
+        parts, real = self.dp.even(parts)
         for n, idx in enumerate(parts):
             part = mini.select(idx).trimmed()
             sel = rows[idx]
@@ -334,15 +319,12 @@ class PolicyTrainer:
                 token_denominator=float(tokens),
                 seq_denominator=float(seqs),
             )
-            if self.dp is None:
-                out.loss.backward()
-            else:
-                # DDP and FSDP average gradients over ranks; the world size undoes that, and a
-                # padding micro-batch (n >= real, FSDP only) contributes nothing.
-                with self.dp.grad_sync(self.policy, enabled=n == len(parts) - 1):
-                    (out.loss * (self.dp.world if n < real else 0.0)).backward()
-                if n >= real:
-                    continue
+            # DDP and FSDP average gradients over ranks; the world size undoes that, and a
+            # padding micro-batch (n >= real, FSDP only) contributes nothing.
+            with self.dp.grad_sync(self.policy, enabled=n == len(parts) - 1):
+                (out.loss * (self.dp.world if n < real else 0.0)).backward()
+            if n >= real:
+                continue
             # Loss-like metrics are already normalised by the whole mini-batch, so they add up;
             # per-token averages (ratios, clip fractions) are weighted by the part's share.
             share = float(part.mask.sum()) / max(float(tokens), 1.0)
@@ -353,9 +335,8 @@ class PolicyTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        if self.dp is not None:  # each rank's sums cover its share: together, the mini-batch's
-            sums = self.dp.sum_metrics(sums)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        sums = self.dp.sum_metrics(sums)  # each rank's sums cover its share: together, the mini-batch's
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP's DTensor
         sums["train/grad_norm"] = float(grad_norm)
         return sums
 
@@ -364,8 +345,9 @@ class PolicyTrainer:
         """On CPU, so a checkpoint loads on any machine; loading casts it back to the parameters' device."""
         state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
         state["kl_coef"] = self.algo.kl.coef  # adaptive KL moves it
-        if self.dp is None:  # data parallel: the optimizer's shards go to `save_sharded`
-            state["optimizer"] = self.optimizer.state_dict()
+        optimizer = self.dp.optimizer_state(self.optimizer)  # data parallel: None, its shards go to `save_sharded`
+        if optimizer is not None:
+            state["optimizer"] = optimizer
         if self.critics is not None:
             state["critics"] = self.critics.state_dict()
         return to_cpu(state)
@@ -382,10 +364,8 @@ class PolicyTrainer:
             if folder is None:
                 raise ValueError("this checkpoint's optimizer state is sharded: pass its folder")
             load_sharded(self.policy, self.optimizer, folder)
-        elif self.dp is None:
-            self.optimizer.load_state_dict(state["optimizer"])
         else:
-            load_full_optimizer(self.policy, self.model, self.optimizer, state["optimizer"])
+            self.dp.load_optimizer(self.policy, self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.kl_control is not None and "kl_coef" in state:
             self.algo.kl.coef = self.kl_control.coef = float(state["kl_coef"])
