@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import shlex
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -128,10 +129,8 @@ async def added_latency(endpoint: AgentEndpoint, hub: InferenceHub, tok, turns: 
 
 
 async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dict:
-    """`runs` agents at once, each with its own key, their clients over one connection pool (a
-    new httpx client per agent costs ~100 ms of CPU for its SSL context alone)."""
-    pool = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=runs),
-                             timeout=120)
+    """`runs` agents at once, each with its own key and client, as AgentProducer makes them."""
+    tls = ssl.create_default_context()  # shared: loading it per client costs ~100 ms of CPU
     latencies: list[float] = []
     errors: list[str] = []
     samples = 0
@@ -139,7 +138,8 @@ async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dic
     async def agent() -> None:
         nonlocal samples
         run = endpoint.open_run()
-        client = openai.AsyncOpenAI(base_url=endpoint.run_url(run), api_key=run, max_retries=0, http_client=pool)
+        http = httpx.AsyncClient(verify=tls, timeout=120)
+        client = openai.AsyncOpenAI(base_url=endpoint.run_url(run), api_key=run, max_retries=0, http_client=http)
         messages = [{"role": "user", "content": "What is 17 times 23?"}]
         try:
             for turn in range(turns):
@@ -152,12 +152,12 @@ async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dic
         except Exception as e:  # counted: the claim is that there are none
             errors.append(f"{type(e).__name__}: {e}")
         finally:
+            await http.aclose()
             samples += len(endpoint.close_run(run).samples(0.0, 0, "bench"))
 
     start = time.perf_counter()
     await asyncio.gather(*(agent() for _ in range(runs)))
     wall = time.perf_counter() - start
-    await pool.aclose()
     return {"runs": runs, "turns_per_run": turns, "errors": len(errors), "first_errors": errors[:3],
             "wall_s": wall, "turns_per_s": len(latencies) / wall, "samples": samples,
             "turn_ms": {"p50": pct(latencies, 50) * 1e3, "p99": pct(latencies, 99) * 1e3}}

@@ -10,13 +10,15 @@ under "reward". A run that raises, or returns without one request through its
 client, is lost: counted, its first traceback kept, the group trains on the
 runs that finished (None when none did).
 
-Clients share one connection pool: a fresh httpx client per run would cost
-~100 ms of CPU for its SSL context alone, on the loop every run shares.
+Each run's client has its own connections (one pool shared by hundreds of runs
+is scanned per request: quadratic) but all share one TLS context: loading one
+per client costs ~100 ms of CPU, on the loop every run shares.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,7 +61,7 @@ class AgentProducer:
         self.counts: Counter[str] = Counter()
         self.first_failure: str | None = None
         self.open: dict[int, tuple[int, list[asyncio.Task]]] = {}  # group id -> (version, its runs)
-        self._pool: httpx.AsyncClient | None = None
+        self._tls = ssl.create_default_context()
         self._starting: asyncio.Future | None = None
 
     # -- the producer protocol -------------------------------------------------
@@ -127,12 +129,9 @@ class AgentProducer:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
-        if self._pool is not None:
-            await self._pool.aclose()
-            self._pool = None
 
     def close(self) -> None:
-        pass  # the pool is closed by cancel(), on the loop it belongs to
+        pass  # each run closes its own client
 
     # -- one run ------------------------------------------------------------------
     async def _run(self, task: Any):
@@ -140,11 +139,10 @@ class AgentProducer:
             if self._starting is None or self._starting.done():
                 self._starting = asyncio.ensure_future(self.endpoint.start())
             await asyncio.shield(self._starting)
-        if self._pool is None:
-            self._pool = httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=None)
         run_id = self.endpoint.open_run()
+        http = httpx.AsyncClient(verify=self._tls, timeout=None)
         client = openai.AsyncOpenAI(base_url=self.endpoint.run_url(run_id), api_key=run_id, max_retries=0,
-                                    http_client=self._pool)
+                                    http_client=http)
         self.counts["runs"] += 1
         try:
             returned = await self.agent(client, task)
@@ -159,6 +157,7 @@ class AgentProducer:
             raise
         finally:
             trajectory = self.endpoint.close_run(run_id)
+            await http.aclose()
         if trajectory.counts["requests"] == 0:
             self.counts["runs_lost"] += 1
             raise AgentLost("the agent returned without a request through the client it was given")
