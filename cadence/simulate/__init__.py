@@ -14,6 +14,6 @@ compute-bound model, on a virtual clock. See docs/scaling.md.
     cluster.py     one run: workers + trainer -> throughput, staleness, step times
     virtual_asyncio.py  an asyncio loop on virtual time, and a hub whose rounds take it
     agentic.py     one agentic run: the same worker playing episodes
-    run.py         simulate(cfg): one run of either kind
+    sim.py         simulate(cfg): one run of either kind
     sweeps.py      the questions: scaling, split, alpha, tail, agentic, env latency
 """

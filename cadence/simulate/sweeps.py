@@ -17,7 +17,7 @@ from typing import Any
 from cadence.config import apply_override
 from cadence.simulate.cluster import SimResult, layout
 from cadence.simulate.config import SimConfig
-from cadence.simulate.run import simulate
+from cadence.simulate.sim import simulate
 
 Progress = Callable[[str], None]
 

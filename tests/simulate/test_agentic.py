@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cadence.cli import app
 from cadence.simulate.config import load_sim_config
-from cadence.simulate.run import simulate
+from cadence.simulate.sim import simulate
 from cadence.simulate.virtual_asyncio import VirtualTimeLoop, VirtualTimeStalled
 
 # A cluster whose GPUs cost (almost) nothing: what is left of a step is the environments' time.

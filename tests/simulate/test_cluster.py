@@ -7,7 +7,7 @@ import pytest
 from cadence.config import ConfigError
 from cadence.simulate.cluster import layout
 from cadence.simulate.config import load_sim_config
-from cadence.simulate.run import simulate
+from cadence.simulate.sim import simulate
 
 SMALL = ["cluster.gpus=12", "workload.prompts_per_step=12", "workload.group_size=4", "workload.median_tokens=512",
          "workload.max_tokens=4096", "run.steps=3", "run.warmup_steps=2"]

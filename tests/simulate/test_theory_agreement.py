@@ -15,7 +15,7 @@ import pytest
 from cadence.runtime.split import beta_star
 from cadence.simulate import sweeps
 from cadence.simulate.config import load_sim_config
-from cadence.simulate.run import simulate
+from cadence.simulate.sim import simulate
 from cadence.simulate.theory import theory_inputs
 
 LINEAR = [
