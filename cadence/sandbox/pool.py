@@ -37,6 +37,7 @@ from cadence.sandbox.models import (
     SandboxError,
 )
 from cadence.sandbox.sandbox import LocalSandbox
+from cadence.sandbox.templates import Template
 
 STATES = ("starting", "ready", "busy", "unhealthy", "stopping", "dead")
 # Forks a child, writes to the workspace, runs Python: what every call needs.
@@ -64,6 +65,9 @@ class PoolConfig(BaseModel):
         "E2B or SandboxFusion users expect: numpy and friends); 'none': standard library only")
     allow_unisolated: bool = False
     events_path: str = ":memory:"
+    templates: dict[str, int] = Field(
+        default_factory=dict, description="warm spares kept per template name (templates.py), on top of "
+        "`warm` on the host's root; acquire(template=NAME) takes one")
 
 
 class SandboxInfo(BaseModel):
@@ -82,6 +86,7 @@ class SandboxInfo(BaseModel):
     memory_mb: float | None = Field(None, description="memory held now, files in its tmpfs included (cgroup)")
     processes: int | None = Field(None, description="processes now, bwrap's included (cgroup)")
     owner: str | None = Field(None, description="the client that leased it (None: a spare, or the pool's own)")
+    template: str | None = Field(None, description="the template it runs on (None: the host's root)")
 
 
 class PoolFull(SandboxError):
@@ -112,7 +117,7 @@ class Slot:
                            created_at=self.created_at, last_used=self.last_used, execs=self.execs,
                            replacements=self.replacements, last_reason=self.last_reason,
                            limits=self.box.limits, isolated=self.box.isolated, pid=self.box.agent_pid,
-                           owner=self.owner, **self.box.usage())
+                           owner=self.owner, template=_template_name(self.box), **self.box.usage())
 
 
 class Pool:
@@ -134,30 +139,33 @@ class Pool:
 
     # -- leases ----------------------------------------------------------------------------------
     def acquire(self, limits: Limits | None = None, refill: bool = True,
-                mounts: tuple[Mount, ...] = (), owner: str | None = None) -> SandboxInfo:
+                mounts: tuple[Mount, ...] = (), owner: str | None = None, template: str | None = None) -> SandboxInfo:
         """A ready sandbox: a warm spare when the limits are the pool's, else a cold start.
 
         `refill=False` leaves starting the next spare to the caller (`refill()`): the service
         does it after the response is sent, so a client never waits on a start it did not ask
         for (a fork, bwrap and Python start-up compete for the same cores). `mounts` (host code
         a hosted environment needs, read-only) always means a cold start, and replacements of
-        this sandbox get them too. `owner`: the client it is leased to (SandboxInfo.owner)."""
-        info = None if mounts else self.acquire_spare(limits, owner)
+        this sandbox get them too. `owner`: the client it is leased to (SandboxInfo.owner).
+        `template`: a template's name: its root file system (a warm spare of it if one is ready)."""
+        info = None if mounts else self.acquire_spare(limits, owner, template)
         if info is not None:
             if refill:
                 self.refill()
             return info
-        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)", mounts, owner)
+        slot = self._new_slot(limits or self.cfg.limits, "busy", "acquired (cold start)", mounts, owner, template)
         if refill:
             self.refill()
         return slot.info()
 
-    def acquire_spare(self, limits: Limits | None = None, owner: str | None = None) -> SandboxInfo | None:
-        """A warm spare if one is ready for these limits, else None; never waits on a start."""
+    def acquire_spare(self, limits: Limits | None = None, owner: str | None = None,
+                      template: str | None = None) -> SandboxInfo | None:
+        """A warm spare if one is ready for these limits and template, else None; never waits on a start."""
         if limits is not None and limits != self.cfg.limits:
             return None
         with self._lock:
-            spare = next((s for s in self._slots.values() if s.state == "ready" and s.box.alive), None)
+            spare = next((s for s in self._slots.values() if s.state == "ready" and s.box.alive
+                          and _template_name(s.box) == template), None)
             if spare is None:
                 return None
             if self._leases() >= self.cfg.max_size:
@@ -334,7 +342,7 @@ class Pool:
             self._starter.submit(self._fill)
             return
         self._set(slot, "starting", f"replacement for generation {generation}: {reason}")
-        box = self._start_box(slot.id, old.limits, old.mounts)
+        box = self._start_box(slot.id, old.limits, old.mounts, old.template)
         if box is None:
             with self._lock:
                 self._slots.pop(slot.id, None)
@@ -348,13 +356,10 @@ class Pool:
         """Start spares until `warm` are ready (and min_size are alive), within max_size."""
         while not self._stop.is_set():
             with self._lock:
-                alive = len(self._slots)
-                ready = sum(s.state in ("ready", "starting") and s.box.limits == self.cfg.limits
-                            for s in self._slots.values() if s.state != "busy")
-                want = max(self.cfg.warm - ready, self.cfg.min_size - alive)
-                if want <= 0 or alive >= self.cfg.max_size + self.cfg.warm:
+                wanted, template = self._spare_wanted()
+                if not wanted:
                     return
-                placeholder = Slot(self._box(self.cfg.limits), "starting", spare=True)
+                placeholder = Slot(self._box(self.cfg.limits, template=template), "starting", spare=True)
                 self._slots[placeholder.id] = placeholder
             self.events.record(placeholder.id, 0, "starting", "warm spare")
             try:
@@ -369,16 +374,29 @@ class Pool:
                 return
             self._set(placeholder, "ready", f"started in {placeholder.box.start_s * 1e3:.0f} ms")
 
-    def _box(self, limits: Limits, mounts: tuple[Mount, ...] = (), sandbox_id: str | None = None) -> LocalSandbox:
+    def _spare_wanted(self) -> tuple[bool, str | None]:
+        """Whether a spare should start (within max_size), and on which template (None: the host's root)."""
+        alive = len(self._slots)
+        if alive >= self.cfg.max_size + self.cfg.warm + sum(self.cfg.templates.values()):
+            return False, None
+        for template, warm in [(None, self.cfg.warm), *self.cfg.templates.items()]:
+            ready = sum(s.state in ("ready", "starting") and s.box.limits == self.cfg.limits
+                        and _template_name(s.box) == template for s in self._slots.values() if s.state != "busy")
+            if warm > ready or (template is None and self.cfg.min_size > alive):
+                return True, template
+        return False, None
+
+    def _box(self, limits: Limits, mounts: tuple[Mount, ...] = (), sandbox_id: str | None = None,
+             template: str | Template | None = None) -> LocalSandbox:
         return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id,
-                            python_packages=self.cfg.python_packages, mounts=mounts)
+                            python_packages=self.cfg.python_packages, mounts=mounts, template=template)
 
     def _new_slot(self, limits: Limits, state: str, reason: str, mounts: tuple[Mount, ...] = (),
-                  owner: str | None = None) -> Slot:
+                  owner: str | None = None, template: str | None = None) -> Slot:
         with self._lock:
             if self._leases() >= self.cfg.max_size:
                 raise PoolFull(self._full_msg())
-            slot = Slot(self._box(limits, mounts), "starting", spare=False)
+            slot = Slot(self._box(limits, mounts, template=template), "starting", spare=False)
             slot.owner = owner
             self._slots[slot.id] = slot
         self.events.record(slot.id, 0, "starting", reason)
@@ -398,9 +416,10 @@ class Pool:
     def _full_msg(self) -> str:
         return f"pool full: max_size={self.cfg.max_size} sandboxes leased; release one or raise max_size"
 
-    def _start_box(self, sandbox_id: str, limits: Limits, mounts: tuple[Mount, ...]) -> LocalSandbox | None:
+    def _start_box(self, sandbox_id: str, limits: Limits, mounts: tuple[Mount, ...],
+                   template: Template | None = None) -> LocalSandbox | None:
         try:
-            return self._box(limits, mounts, sandbox_id).start()
+            return self._box(limits, mounts, sandbox_id, template).start()
         except SandboxError:
             return None
 
@@ -436,3 +455,7 @@ class Pool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _template_name(box: LocalSandbox) -> str | None:
+    return box.template.name if box.template is not None else None

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from cadence.sandbox import Limits, LocalSandbox, workspace
-from cadence.sandbox.models import SandboxError
+from cadence.sandbox.models import ExecRequest, SandboxError
 from cadence.sandbox.template_layers import LayerError, apply_layer
 from cadence.sandbox.templates import TemplateError, TemplateStore
 from tests.sandbox.conftest import needs_bwrap
@@ -219,3 +219,64 @@ def test_seed_read_back_and_fork_a_workspace(files_template):
                 f.stop()
         with pytest.raises(SandboxError, match="goes through the symlink"):
             workspace.seed(sb, files={"link/x": "no"})
+
+
+@needs_bwrap
+@needs_root
+def test_cli_builds_lists_runs_on_and_removes_a_template(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cadence.sandbox.cli import app
+
+    src = tmp_path / "src" / "task"
+    src.mkdir(parents=True)
+    (src / "README").write_text("the task\n")
+    store = str(tmp_path / "store")
+    run = CliRunner().invoke
+    built = run(app, ["template", "build", "task", "--from-dir", str(tmp_path / "src"), "--store", store])
+    assert built.exit_code == 0, built.stderr
+    assert run(app, ["template", "ls", "--store", store]).stdout.startswith("task  ")
+    monkeypatch.setenv("CADENCE_TEMPLATE_DIR", store)
+    r = run(app, ["run", "--template", "task", "--", "cat", "/task/README"])
+    assert r.exit_code == 0 and r.stdout == "the task\n"
+    assert run(app, ["template", "rm", "task", "--store", store]).exit_code == 0
+    assert run(app, ["template", "ls", "--store", store]).stdout == ""
+    bad = run(app, ["template", "build", "x", "--store", store])
+    assert bad.exit_code == 2 and "exactly one of" in bad.stderr
+
+
+@pytest.mark.slow
+@needs_bwrap
+@needs_root
+def test_a_debian_template_with_a_package_the_host_lacks(store):
+    """mmdebstrap from Debian's mirrors (CI installs mmdebstrap and reaches them): cowsay is not
+    on the host; the template's own python3 runs the agent, and its pip requirement imports."""
+    assert not os.path.exists("/usr/games/cowsay")
+    t = store.build_debian("cowsay", ["cowsay"], requirements=["six==1.16.0"])
+    assert t.own_system and t.python == "/usr/bin/python3"
+    assert store.build_debian("again", ["cowsay"], requirements=["six==1.16.0"]).key == t.key  # cached
+    with LocalSandbox(Limits(wall_s=20), template=t) as sb:
+        r = sb.exec("/usr/games/cowsay moo && cat /etc/debian_version")
+        assert r.exit_code == 0 and "< moo >" in r.stdout, r.stderr
+        assert sb.exec(code="import six, sys; print(six.__version__, sys.executable)").stdout == "1.16.0 /usr/bin/python3\n"
+        assert sb.exec("test -e /opt/python || test -e /usr/bin/gdb").exit_code == 1  # nothing of the host's
+
+
+@needs_bwrap
+@needs_root
+def test_the_pool_keeps_warm_spares_per_template(files_template, store, monkeypatch):
+    from cadence.sandbox.pool import Pool, PoolConfig
+    from tests.sandbox.test_pool import wait_for
+
+    monkeypatch.setenv("CADENCE_TEMPLATE_DIR", store.path)
+    with Pool(PoolConfig(warm=1, templates={"files": 1}, health_period_s=3600, limits=Limits(wall_s=10))) as pool:
+        def ready(template):
+            return sum(s.state == "ready" and s.template == template for s in pool.list())
+        wait_for(lambda: ready("files") == 1 and ready(None) == 1, "a spare on the host's root and one on the template")
+        leased = pool.acquire(template="files")
+        assert leased.template == "files" and leased.last_reason == "acquired (warm spare)"
+        r = pool.exec(leased.id, ExecRequest(cmd="cat /data/only-here.txt"))
+        assert r.stdout == "from the template\n"
+        plain = pool.acquire()
+        assert plain.template is None and pool.exec(plain.id, ExecRequest(cmd="test -e /data")).exit_code == 1
+        wait_for(lambda: ready("files") == 1, "the template's spare refilled")
