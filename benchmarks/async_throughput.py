@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
+    ap.add_argument("--no-generation-table", action="store_true", help="skip the batch-generation table")
     args = ap.parse_args()
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
     rows = []
@@ -220,9 +221,9 @@ def main() -> None:
         row = run_variant(name, overrides, steps, warmup)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    gen = generation_table()
+    gen = [] if args.no_generation_table else generation_table()
     print(json.dumps(gen))
-    if args.quick or args.only:
+    if args.quick or args.only or args.no_generation_table:
         return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"throughput": rows, "batch_generation": gen}, indent=2))
