@@ -48,14 +48,12 @@ import torch
 from cadence.config import load_config
 from cadence.data.build import build_task
 from cadence.inference.embedded import EmbeddedEngine
-from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.report import write_doc_table
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRProducer
 from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
@@ -124,6 +122,10 @@ GENERATION_MODES = {
 
 def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, slots: int = 32, seed: int = 0) -> float:
     """Seconds to generate one training batch (16 prompts x 8 long-tailed answers) via RLVRProducer."""
+    # Imported here: the throughput rows alone also run against older cadence (compare_commits.py).
+    from cadence.inference.hub import InferenceHub
+    from cadence.rollout.rlvr import RLVRProducer
+
     torch.set_num_threads(1)  # one engine, one core: the rollout worker's share
     cfg = load_config(None, [*COMMON, *LONG_TAIL])
     tok = load_tokenizer("builtin")

@@ -2,13 +2,15 @@
 
     python benchmarks/compare_commits.py --before d5543f8 --rounds 2 \\
         --out docs/results/refactor_throughput.json -- \\
-        python benchmarks/async_throughput.py --only "sync (inline, 2 threads)" "async alpha=2"
+        python {after}/benchmarks/async_throughput.py --no-generation-table \\
+        --only "sync (inline, 2 threads)" "async alpha=2"
 
 The command runs in a git worktree of `--before` and in this checkout, in
 alternating rounds (before, after, after, before, ...) so that a machine that
 gets busier or quieter over the run weighs on both alike. Each run's working
 directory is its own tree, so `python benchmarks/x.py` and `import cadence`
-both resolve to that tree's code. Every JSON object the command prints on a
+both resolve to that tree's code; `{after}` in the command is this checkout,
+to run today's benchmark script against both versions of the package. Every JSON object the command prints on a
 line of its own with a "variant" and a `--metric` (default samples_per_s) is a
 measurement; the table gives each variant's median per version and the ratio
 after / before.
@@ -53,6 +55,7 @@ def main() -> None:
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the benchmark command")
     args = ap.parse_args()
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    cmd = [part.replace("{after}", str(ROOT)) for part in cmd]
     if not cmd:
         ap.error("give the benchmark command after --")
     after = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
