@@ -150,7 +150,7 @@ async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dic
                 messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                              {"role": "user", "content": f"and then {turn}?"}]
         except Exception as e:  # counted: the claim is that there are none
-            errors.append(f"{type(e).__name__}: {e}")
+            errors.append(f"{type(e).__name__}: {e} (cause: {e.__cause__!r})")
         finally:
             await http.aclose()
             samples += len(endpoint.close_run(run).samples(0.0, 0, "bench"))

@@ -133,8 +133,11 @@ class AgentEndpoint:
     # -- serving ----------------------------------------------------------------
     async def start(self) -> None:
         """Serve on 127.0.0.1 as a task on the running loop (the one the hub serves)."""
+        # Keep-alive far beyond uvicorn's 5 s: on a busy loop an agent's next request can come
+        # later than that, and a connection the server closes as it arrives fails the request
+        # (256 runs on 2 loaded cores: every run failed with ReadError before).
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", access_log=False)
+                                lifespan="off", access_log=False, timeout_keep_alive=600)
         self._server = _QuietServer(config)
         self._task = asyncio.create_task(self._server.serve())
         while not self._server.started:
