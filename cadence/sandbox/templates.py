@@ -22,9 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -231,10 +234,16 @@ def _mmdebstrap(root: str, suite: str, packages: list[str], requirements: list[s
         req = os.path.join(tempfile.mkdtemp(prefix="cadence-template-"), "requirements.txt")
         with open(req, "w") as f:
             f.write("\n".join(requirements) + "\n")
-        argv += [f"--customize-hook=upload {req} /tmp/cadence-requirements.txt",
-                 '--customize-hook=chroot "$1" python3 -m pip install --no-cache-dir --break-system-packages '
-                 "-r /tmp/cadence-requirements.txt",
-                 '--customize-hook=rm -f "$1/tmp/cadence-requirements.txt"']
+        # The host's pip downloads binary wheels for the template's python (with the host's indexes,
+        # proxy and CA settings, which the new root lacks); pip inside installs them offline.
+        version = 'V=$(chroot "$1" python3 -c "import sys; print(\'%d.%d\' % sys.version_info[:2])")'
+        download = (f'{sys.executable} -m pip download --quiet --only-binary=:all: --python-version "$V" '
+                    f'--implementation cp --platform manylinux2014_{platform.machine()} '
+                    f'-d "$1/tmp/cadence-wheels" -r {req}')
+        argv += [f"--customize-hook={version} && {download}",
+                 '--customize-hook=chroot "$1" python3 -m pip install --quiet --no-index --break-system-packages '
+                 f"--find-links /tmp/cadence-wheels {' '.join(shlex.quote(r) for r in requirements)}",
+                 '--customize-hook=rm -rf "$1/tmp/cadence-wheels"']
     argv += [suite, root, *([mirror] if mirror else [])]
     out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode != 0:
