@@ -208,12 +208,7 @@ class AgentEndpoint:
             choice = {"index": index, "message": message, "finish_reason": wire.finish_reason(result, calls),
                       "logprobs": wire.chat_logprobs(self._tokens(result), result) if request.logprobs else None}
             choices.append(choice)
-        request_id = wire.new_id("chatcmpl")
-        usage = wire.usage(prompt_ids, results)
-        if request.stream:
-            chunks = wire.chat_chunks(request_id, self.model_name, choices)
-            return self._stream(chunks, request_id, "chat.completion.chunk", usage if request.include_usage else None)
-        return JSONResponse(wire.envelope("chat.completion", request_id, self.model_name, choices, usage))
+        return self._answer(request, "chat.completion", prompt_ids, results, choices)
 
     async def _completion(self, body: dict, run: str | None) -> Response:
         request = wire.parse_completion(body, self.max_tokens)
@@ -223,12 +218,7 @@ class AgentEndpoint:
         choices = [{"index": i, "text": r.text, "finish_reason": wire.finish_reason(r, []),
                     "logprobs": wire.completion_logprobs(self._tokens(r), r) if request.logprobs else None}
                    for i, r in enumerate(results)]
-        request_id = wire.new_id("cmpl")
-        usage = wire.usage(prompt_ids, results)
-        if request.stream:
-            chunks = wire.completion_chunks(request_id, self.model_name, choices)
-            return self._stream(chunks, request_id, "text_completion", usage if request.include_usage else None)
-        return JSONResponse(wire.envelope("text_completion", request_id, self.model_name, choices, usage))
+        return self._answer(request, "text_completion", prompt_ids, results, choices)
 
     # -- internals --------------------------------------------------------------
     async def _generate(self, prompt_ids: list[int], request: wire.Request, run: str | None,
@@ -244,6 +234,18 @@ class AgentEndpoint:
         if trajectory is not None:
             trajectory.record(list(prompt_ids), list(results), messages)
         return list(results)
+
+    def _answer(self, request: wire.Request, kind: str, prompt_ids: list[int], results: list[GenResult],
+                choices: list[dict]) -> Response:
+        """The response: one JSON object, or its stream of chunks."""
+        chat = kind == "chat.completion"
+        request_id = wire.new_id("chatcmpl" if chat else "cmpl")
+        usage = wire.usage(prompt_ids, results)
+        if request.stream:
+            chunks = (wire.chat_chunks if chat else wire.completion_chunks)(request_id, self.model_name, choices)
+            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+            return self._stream(chunks, request_id, chunk_kind, usage if request.include_usage else None)
+        return JSONResponse(wire.envelope(kind, request_id, self.model_name, choices, usage))
 
     def _tokens(self, result: GenResult) -> list[str]:
         return [self.tokenizer.decode([t]) for t in result.token_ids]
