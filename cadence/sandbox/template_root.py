@@ -46,10 +46,9 @@ class TemplateRoot:
 
     @classmethod
     def for_sandbox(cls, template: Template, disk_mb: int, owner: int | None) -> TemplateRoot:
-        for path in (template.root,):
-            if any(c in path for c in ",:"):
-                raise IsolationUnavailable(f"template {template.name!r}: its store path {path!r} has ',' or ':' "
-                                           "(overlayfs cannot take it); use another CADENCE_TEMPLATE_DIR")
+        if any(c in template.root for c in ",:"):
+            raise IsolationUnavailable(f"template {template.name!r}: its store path {template.root!r} has ',' or "
+                                       "':' (overlayfs options cannot hold them); use another CADENCE_TEMPLATE_DIR")
         return cls(template, os.path.join(staging.root(ROOTS), uuid.uuid4().hex[:16]), disk_mb << 20, owner)
 
     @property
