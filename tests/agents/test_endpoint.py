@@ -211,10 +211,13 @@ def test_completions_with_logprobs():
     async def agent(endpoint, engine, tok):
         client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="anyone", max_retries=0)
         out = await client.completions.create(model="cadence", prompt="say hi", logprobs=1, max_tokens=8)
-        return out, engine.sampled
+        stream = await client.completions.create(model="cadence", prompt=[5, 6, 7], stream=True, n=2)
+        texts = [c.choices[0].text async for c in stream]
+        return out, texts, engine.sampled
 
-    out, sampled = serve("llama3", agent, strict=False)
+    out, streamed, sampled = serve("llama3", agent, strict=False)
     choice = out.choices[0]
     assert choice.text == "hello there"
     assert choice.logprobs.token_logprobs == sampled[0].logprobs
     assert out.usage.prompt_tokens == len(sampled[0].prompt_ids) == len("say hi")
+    assert streamed == ["hello there", "hello there"] and sampled[1].prompt_ids == [5, 6, 7]
