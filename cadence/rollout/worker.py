@@ -138,7 +138,10 @@ class RolloutWorker:
         finally:
             self._running = None
             stop.set()
-            await server
+            if not server.done():
+                await server
+            elif not server.cancelled():
+                server.exception()  # an interrupt that struck mid-round surfaces once, where it struck
 
     def _room(self) -> int:
         if not self.interrupt and self.hub.weights_pending():
@@ -246,7 +249,18 @@ class RolloutWorker:
                 self._check()
                 raise RuntimeError(f"rollout worker {self.index}: its loop thread has stopped")
             return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-        return self._loop.run_until_complete(asyncio.wait_for(self.hub.serving(coro), timeout))
+        return self._run_here(asyncio.wait_for(self.hub.serving(coro), timeout))
+
+    def _run_here(self, awaitable: Coroutine[Any, Any, T]) -> T:
+        """Run the loop in this thread until `awaitable` is done. A Ctrl-C lands in whatever task
+        was running: it is reported once, by the caller, not again when that task is collected."""
+        try:
+            return self._loop.run_until_complete(awaitable)
+        except BaseException:
+            for task in asyncio.all_tasks(self._loop):
+                if task.done() and not task.cancelled():
+                    task.exception()
+            raise
 
     async def _cancel(self) -> None:
         tasks = list(self._tasks)
@@ -270,7 +284,7 @@ class RolloutWorker:
                 return self.buffer.wait_ready(self.quota, trainer_version, timeout=0)
 
             try:
-                self._loop.run_until_complete(asyncio.wait_for(self.run(ready), timeout))
+                self._run_here(asyncio.wait_for(self.run(ready), timeout))
             except TimeoutError:
                 raise TimeoutError(f"sample buffer: {len(self.buffer)}/{self.quota} fresh groups") from None
             self.timeline.enter("waiting")  # generation pauses while the caller trains
@@ -352,8 +366,13 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.stop()
-        if self._own_loop is not None and not self._own_loop.is_closed():
-            self._own_loop.run_until_complete(self._cancel())
-            self._own_loop.close()
+        loop = self._own_loop
+        if loop is not None and not loop.is_closed():
+            loop.run_until_complete(self._cancel())
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]  # an interrupted run's own tasks
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.close()
         self.producer.close()
         self.timeline.close()
