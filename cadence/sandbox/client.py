@@ -101,11 +101,13 @@ class Sandbox:
     """A sandbox on a service, created on enter (or `start()`), stopped on exit (or `stop()`)."""
 
     def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0) -> None:
+                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0,
+                 template: str | None = None) -> None:
         """`connect_wait_s`: how long to wait for a service not reached yet (one starting beside
         this client); 0 fails at once with a one-line ServiceUnreachable."""
         self.urls, token = resolve(url, token)
         self.limits = limits
+        self.template = template  # a template's name on the service (its root file system)
         self.connect_wait_s = connect_wait_s
         self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
@@ -145,6 +147,8 @@ class Sandbox:
 
     def start(self) -> Sandbox:
         body = {"limits": self.limits.model_dump()} if self.limits else {}
+        if self.template:
+            body["template"] = self.template
         err: Exception | None = None
         for u in self._pick():
             try:
@@ -207,9 +211,11 @@ class AsyncSandbox:
     """`Sandbox` for asyncio: the same calls, awaited."""
 
     def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0) -> None:
+                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0,
+                 template: str | None = None) -> None:
         self.urls, token = resolve(url, token)
         self.limits = limits
+        self.template = template  # a template's name on the service (its root file system)
         self.connect_wait_s = connect_wait_s
         self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
         self.url: str | None = None
@@ -249,6 +255,8 @@ class AsyncSandbox:
 
     async def start(self) -> AsyncSandbox:
         body = {"limits": self.limits.model_dump()} if self.limits else {}
+        if self.template:
+            body["template"] = self.template
         err: Exception | None = None
         for u in await self._pick():
             try:
