@@ -48,6 +48,7 @@ DEFAULT_PORT = 8765
 class CreateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits | None = None
+    template: str | None = Field(None, max_length=64, description="a template's name: the root file system (templates.py)")
 
 
 class WriteFileRequest(BaseModel):
@@ -136,10 +137,10 @@ def create_app(pool: Pool, token: str | Clients, close_pool_at_shutdown: bool = 
     async def create(request: Request, background: BackgroundTasks, req: CreateRequest | None = None) -> SandboxInfo:
         # A warm spare is taken on the event loop (a lock and one event row: no thread hop);
         # only a cold start goes to a worker thread. The next spare starts after the response.
-        limits, client = (req.limits if req else None), client_of(request)
-        info = pool.acquire_spare(limits, client)
+        limits, template, client = (req.limits if req else None), (req.template if req else None), client_of(request)
+        info = pool.acquire_spare(limits, client, template)
         if info is None:
-            info = await run_in_threadpool(pool.acquire, limits, False, (), client)
+            info = await run_in_threadpool(pool.acquire, limits, False, (), client, template)
         background.add_task(pool.refill)
         return info
 
