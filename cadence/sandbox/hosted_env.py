@@ -68,6 +68,7 @@ class EnvSpec(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     step_timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     limits: Limits | None = None
+    template: str | None = Field(None, max_length=64, description="a template's name on the service: the sandbox's root file system")
 
     @model_validator(mode="after")
     def _one_kind(self) -> EnvSpec:
@@ -154,7 +155,7 @@ class EnvHost:
         if spec.class_name is not None and not spec.class_name.isidentifier():
             raise EnvError(f"class_name: {spec.class_name!r} is not a Python identifier")
         mounts = (resolve_env(spec.name)[2],) if spec.name is not None else ()
-        sid = self.pool.acquire(spec.limits, mounts=mounts, owner=owner).id
+        sid = self.pool.acquire(spec.limits, mounts=mounts, owner=owner, template=spec.template).id
         with self._lock:
             self.specs[sid] = spec
         try:
@@ -285,11 +286,13 @@ class HostedEnv(Sandbox):
     def __init__(self, url: str | list[str] | None = None, token: str | None = None, *,
                  name: str | None = None, source: str | None = None, class_name: str | None = None,
                  kwargs: dict | None = None, step_timeout_s: float = 30.0,
-                 limits: Limits | dict | None = None, connect_wait_s: float = 0.0, **env_kwargs: Any) -> None:
+                 limits: Limits | dict | None = None, connect_wait_s: float = 0.0, template: str | None = None,
+                 **env_kwargs: Any) -> None:
         """`name`: an env name as in env.name ("frozenlake", "python:pkg.mod:Class",
         "python:/path/file.py:Class"), resolved on the service's host; or `source` and
         `class_name`: one self-contained module's text. The hosted class gets `env_kwargs` (any
-        other keyword) and `kwargs`, which wins where both name the same argument."""
+        other keyword) and `kwargs`, which wins where both name the same argument. `template`: a
+        template's name on the service, the sandbox's root file system."""
         limits = Limits(**limits) if isinstance(limits, dict) else limits
         super().__init__(url, token, limits, connect_wait_s=connect_wait_s)
         if name and name.startswith(PYTHON_PREFIX):  # a relative file is the caller's, not the service's cwd's
@@ -298,7 +301,7 @@ class HostedEnv(Sandbox):
                 name = f"{PYTHON_PREFIX}{os.path.abspath(target)}:{cls}"
         try:
             self.spec = EnvSpec(source=source, class_name=class_name, name=name, kwargs={**env_kwargs, **(kwargs or {})},
-                                step_timeout_s=step_timeout_s, limits=limits)
+                                step_timeout_s=step_timeout_s, limits=limits, template=template)
         except ValueError as e:
             raise SandboxError(f"HostedEnv: {e.errors()[0]['msg']}") from None
 
