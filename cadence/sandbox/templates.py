@@ -101,8 +101,7 @@ class TemplateStore:
                            lambda root: _mmdebstrap(root, suite, pkgs, list(requirements), mirror))
 
     def _build(self, name: str, recipe: str, source: str, fill: Callable[[str], object]) -> Template:
-        if not NAME.match(name):
-            raise TemplateError(f"template name {name!r}: use 1-64 of a-z 0-9 . _ - (starting with a letter or digit)")
+        _check_name(name)
         key = hashlib.sha256(recipe.encode()).hexdigest()[:20]
         obj = os.path.join(self.path, "objects", key)
         if not os.path.exists(os.path.join(obj, "template.json")):  # built once per recipe
@@ -130,6 +129,7 @@ class TemplateStore:
 
     # -- look up -----------------------------------------------------------------------------------
     def get(self, name: str) -> Template:
+        _check_name(name)  # a client's name: never a path
         try:
             with open(os.path.join(self.path, "names", f"{name}.json")) as f:
                 key = json.load(f)["key"]
@@ -159,6 +159,11 @@ class TemplateStore:
         os.unlink(os.path.join(self.path, "names", f"{name}.json"))
         if all(t.key != key for t in self.ls()):
             shutil.rmtree(os.path.join(self.path, "objects", key), ignore_errors=True)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise TemplateError(f"template name {name!r}: use 1-64 of a-z 0-9 . _ - (starting with a letter or digit)")
 
 
 def resolve(template: str | Template | None, store: TemplateStore | None = None) -> Template | None:

@@ -280,3 +280,35 @@ def test_the_pool_keeps_warm_spares_per_template(files_template, store, monkeypa
         plain = pool.acquire()
         assert plain.template is None and pool.exec(plain.id, ExecRequest(cmd="test -e /data")).exit_code == 1
         wait_for(lambda: ready("files") == 1, "the template's spare refilled")
+
+
+TASK_ENV = '''
+class ReadTask:
+    """One turn: the observation is a file only the template has; the right answer pays 1."""
+    def reset(self, seed):
+        return open("/data/only-here.txt").read(), {}
+
+    def step(self, action):
+        return "done", float(action == "ok"), True, False, {}
+'''
+
+
+@needs_bwrap
+@needs_root
+def test_the_service_and_a_hosted_env_start_on_a_template(files_template, store, tmp_path, monkeypatch):
+    from cadence.sandbox.client import Sandbox
+    from cadence.sandbox.hosted_env import HostedEnv
+    from tests.sandbox.service import running_service
+
+    monkeypatch.setenv("CADENCE_TEMPLATE_DIR", store.path)  # the service (a subprocess) inherits it
+    with running_service(str(tmp_path), "--warm", "0") as (url, token, _):
+        with Sandbox(url, token, template="files") as sb:
+            assert sb.exec("cat /data/only-here.txt").stdout == "from the template\n"
+        with pytest.raises(SandboxError, match="template name"):
+            Sandbox(url, token, template="../../etc").start()
+        env = HostedEnv(url, token, source=TASK_ENV, class_name="ReadTask", template="files").start()
+        try:
+            assert env.reset(0)[0] == "from the template\n"
+            assert env.step("ok")[1] == 1.0
+        finally:
+            env.close()
