@@ -93,6 +93,8 @@ def serve(
         help="site: the interpreter's site-packages importable (read-only); none: standard library only.")] = "site",
     allow_unisolated: Annotated[bool, typer.Option(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
+    template_warm: Annotated[list[str] | None, typer.Option(
+        "--template-warm", help="NAME=N: keep N warm spares on template NAME (repeatable).")] = None,
 ) -> None:
     """Serve the sandbox API (FastAPI): a bearer token is generated and written to --token-file."""
     import os
@@ -103,10 +105,21 @@ def serve(
     try:
         cfg = PoolConfig(warm=warm, max_size=max_size, health_period_s=health_period_s, python=python,
                          python_packages=python_packages, allow_unisolated=allow_unisolated,
-                         events_path=events or os.path.join(server.DEFAULT_DIR, "events.db"))
+                         events_path=events or os.path.join(server.DEFAULT_DIR, "events.db"),
+                         templates=_template_warm(template_warm or []))
     except ValueError as e:
         _fail(f"sandbox serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
     server.serve(cfg, host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"), clients_file, max_body_mb)
+
+
+def _template_warm(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit():
+            _fail(f"sandbox serve: --template-warm {item!r}: give NAME=N, e.g. --template-warm sci=4")
+        out[name] = int(count)
+    return out
 
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Service URL (default $CADENCE_SANDBOX_URL or http://127.0.0.1:8765).")]

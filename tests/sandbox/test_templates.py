@@ -312,3 +312,18 @@ def test_the_service_and_a_hosted_env_start_on_a_template(files_template, store,
             assert env.step("ok")[1] == 1.0
         finally:
             env.close()
+
+
+def test_serve_keeps_warm_spares_per_template_from_the_command_line(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from cadence.sandbox import server
+    from cadence.sandbox.cli import app
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda cfg, *a: seen.update(cfg=cfg))
+    events = ["--events", str(tmp_path / "e.db")]
+    r = CliRunner().invoke(app, ["serve", "--template-warm", "sci=4", "--template-warm", "web=1", *events])
+    assert r.exit_code == 0 and seen["cfg"].templates == {"sci": 4, "web": 1}
+    bad = CliRunner().invoke(app, ["serve", "--template-warm", "sci", *events])
+    assert bad.exit_code == 2 and "give NAME=N" in bad.stderr
