@@ -69,7 +69,8 @@ class AgentEndpoint:
     """OpenAI-compatible HTTP server over an `InferenceHub` (see module docstring)."""
 
     def __init__(self, hub: InferenceHub, tokenizer, model_name: str = "cadence", tool_format: str | None = "auto",
-                 max_tokens: int = 256, strict: bool = True, port: int = 0) -> None:
+                 max_tokens: int = 256, strict: bool = True, port: int = 0,
+                 max_context_tokens: int | None = None) -> None:
         if tool_format == "auto":
             tool_format = detect_tool_format(getattr(tokenizer, "chat_template", None))
         if tool_format is not None and tool_format not in TOOL_FORMATS:
@@ -80,6 +81,7 @@ class AgentEndpoint:
         self.tool_format = tool_format
         self.max_tokens = max_tokens
         self.strict = strict
+        self.max_context_tokens = max_context_tokens  # prompt + max_tokens must fit (None: unchecked)
         self.port = port
         self.runs: dict[str, Trajectory] = {}
         self.counts = {"requests": 0, "errors": 0, "unrecorded": 0}
@@ -225,6 +227,11 @@ class AgentEndpoint:
                         messages: list[dict] | None) -> list[GenResult]:
         if not prompt_ids:
             raise wire.BadRequest("prompt", "the prompt renders to no tokens")
+        limit, wanted = self.max_context_tokens, len(prompt_ids) + request.params.max_new_tokens
+        if limit is not None and wanted > limit:
+            raise wire.BadRequest("messages", f"the prompt is {len(prompt_ids)} tokens and max_tokens "
+                                  f"{request.params.max_new_tokens}: {wanted} > the context's {limit} tokens; "
+                                  "shorten the conversation or lower max_tokens")
         stem = f"{run or 'anon'}-{uuid.uuid4().hex[:12]}"
         reqs = [GenRequest(f"{stem}-{i}", list(prompt_ids), request.params) for i in range(request.n)]
         results = await asyncio.gather(*(self.hub.generate(r, affinity=run) for r in reqs))

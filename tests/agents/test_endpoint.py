@@ -221,3 +221,14 @@ def test_completions_with_logprobs():
     assert choice.logprobs.token_logprobs == sampled[0].logprobs
     assert out.usage.prompt_tokens == len(sampled[0].prompt_ids) == len("say hi")
     assert streamed == ["hello there", "hello there"] and sampled[1].prompt_ids == [5, 6, 7]
+
+
+def test_a_prompt_beyond_the_context_is_a_named_error():
+    async def agent(endpoint, engine, tok):
+        run = endpoint.open_run()
+        with pytest.raises(openai.BadRequestError, match="shorten the conversation or lower max_tokens"):
+            await client_for(endpoint, run).chat.completions.create(
+                model="cadence", messages=[{"role": "user", "content": "x" * 100}], max_tokens=10)
+        return engine.sampled
+
+    assert serve("qwen2", agent, max_context_tokens=64) == []
