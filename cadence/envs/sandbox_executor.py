@@ -19,12 +19,15 @@ from cadence.sandbox.sandbox import LocalSandbox
 
 class SandboxExecutor:
     def __init__(self, memory_mb: int = 512, processes: int = 64, url: str | list[str] | None = None,
-                 token: str | None = None, allow_unisolated: bool = False, python_packages: str = "site") -> None:
+                 token: str | None = None, allow_unisolated: bool = False, python_packages: str = "site",
+                 template: str | None = None) -> None:
         """`python_packages`: a local sandbox's ("site": the interpreter's packages; "none": the
-        standard library only); a service's own setting applies to its sandboxes."""
+        standard library only); a service's own setting applies to its sandboxes. `template`: a
+        template's name (cadence/sandbox/templates.py): the sandbox's root file system."""
         self.limits = Limits(memory_mb=memory_mb, processes=processes)
         self.url, self.token, self.allow_unisolated = url, token, allow_unisolated
         self.python_packages = python_packages
+        self.template = template
         self._box = None
         self._finalizer = None
 
@@ -33,11 +36,11 @@ class SandboxExecutor:
             if self.url is not None:
                 from cadence.sandbox.client import Sandbox
 
-                self._box = Sandbox(self.url, self.token, limits=self.limits).start()
+                self._box = Sandbox(self.url, self.token, limits=self.limits, template=self.template).start()
                 self._finalizer = weakref.finalize(self, self._box.close)
             else:
                 self._box = LocalSandbox(self.limits, allow_unisolated=self.allow_unisolated,
-                                         python_packages=self.python_packages).start()
+                                         python_packages=self.python_packages, template=self.template).start()
                 self._finalizer = weakref.finalize(self, self._box.stop)
         return self._box
 
