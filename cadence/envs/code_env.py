@@ -132,6 +132,7 @@ class CodeEnv:
         tasks: list[str] | None = None,
         executor: Executor | None = None,
         sandbox_url: str | None = None,
+        template: str | None = None,
     ) -> None:
         families = tuple(tasks or TASKS)
         unknown = [name for name in families if name not in TASKS]
@@ -140,9 +141,11 @@ class CodeEnv:
         if executor is None:
             if backend not in EXECUTORS:
                 raise ValueError(f"code env: unknown backend {backend!r}; known: {list(EXECUTORS)}")
-            if sandbox_url is not None and backend != "sandbox":
-                raise ValueError("code env: sandbox_url needs backend='sandbox'")
+            if (sandbox_url is not None or template is not None) and backend != "sandbox":
+                raise ValueError("code env: sandbox_url and template need backend='sandbox'")
             service = {"url": sandbox_url} if sandbox_url is not None else {}  # else a local sandbox
+            if template is not None:  # a template's root file system (cadence/sandbox/templates.py)
+                service["template"] = template
             executor = EXECUTORS[backend](memory_mb=memory_mb, **service)
         self.executor = executor
         self.timeout_s, self.output_chars, self.families = timeout_s, output_chars, families
