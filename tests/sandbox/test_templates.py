@@ -327,3 +327,19 @@ def test_serve_keeps_warm_spares_per_template_from_the_command_line(monkeypatch,
     assert r.exit_code == 0 and seen["cfg"].templates == {"sci": 4, "web": 1}
     bad = CliRunner().invoke(app, ["serve", "--template-warm", "sci", *events])
     assert bad.exit_code == 2 and "give NAME=N" in bad.stderr
+
+
+@needs_bwrap
+@needs_root
+def test_the_code_environment_runs_on_a_template(files_template, store, monkeypatch):
+    from cadence.envs.code_env import CodeEnv
+
+    monkeypatch.setenv("CADENCE_TEMPLATE_DIR", store.path)
+    env = CodeEnv(backend="sandbox", template="files")
+    try:
+        r = env.executor.run("print(open('/data/only-here.txt').read(), end='')", 10.0)
+        assert (r.stdout, r.exit_code) == ("from the template\n", 0)
+    finally:
+        env.executor.close()
+    with pytest.raises(ValueError, match="need backend='sandbox'"):
+        CodeEnv(backend="subprocess", template="files")
