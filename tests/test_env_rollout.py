@@ -157,3 +157,25 @@ def test_a_group_that_ran_out_of_retries_is_dropped_when_its_last_episode_finish
     asyncio.run(_collect(hub, rollout, groups=1, deadline_s=10))
     assert rollout.counts["groups_dropped"] == 1 and rollout.counts["lost/raised"] == 1
     assert rollout.counts["episodes"] == 3 and not rollout.open
+
+
+class RecordsSeeds(TwoTurns):
+    seeds: list[int] = []
+
+    def reset(self, seed: int):
+        RecordsSeeds.seeds.append(seed)
+        return super().reset(seed)
+
+
+def test_held_out_evaluation_plays_its_own_seeds_and_counts_pass_at_k():
+    """eval_episodes seeds from 10**9 up (never a training seed), each played `samples` times;
+    TwoTurns returns 1 on even seeds, so half the held-out seeds are solved by every sample."""
+    RecordsSeeds.seeds = []
+    hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
+                                   eos_id=1, virtual_clock=True)])
+    rollout = EnvRollout(hub, lambda: EnvRunner(RecordsSeeds, action_tag=None), load_tokenizer("builtin"),
+                         SamplingParams(max_new_tokens=8), group_size=2, eval_episodes=4)
+    result = asyncio.run(hub.serving(rollout.evaluate(samples=2)))
+    assert sorted(RecordsSeeds.seeds) == sorted([10**9 + i for i in range(4)] * 2)
+    assert (result.pass_at_1, result.pass_at_k, result.k, result.prompts) == (0.5, 0.5, 2, 4)
+    assert result.mean_reward == 0.5
