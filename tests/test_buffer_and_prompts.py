@@ -58,3 +58,23 @@ def test_prompt_stream_resumes_exactly():
     assert rest_a == rest_b
     # each epoch is a permutation of all prompts
     assert sorted(first[:7]) == sorted(p.id for p in prompts)
+
+
+def test_a_drawn_stream_walks_the_tasks_prompts_block_by_block():
+    """Given draw(n) (the first n of an endless task stream), block b is the stream's prompts
+    b*block .. (b+1)*block-1, each block in its own seeded order: every prompt once per pass."""
+    stream_of = [Prompt(id=f"t{i}", text=str(i), answer="") for i in range(40)]
+    asked: list[int] = []
+
+    def draw(n: int) -> list[Prompt]:
+        asked.append(n)
+        return stream_of[:n]
+
+    stream = PromptStream(draw, seed=3, block=10)
+    ids = [stream.next().id for _ in range(30)]
+    for b in range(3):  # each block is a permutation of its own slice of the task stream
+        assert sorted(ids[10 * b : 10 * b + 10], key=lambda x: int(x[1:])) == [f"t{i}" for i in range(10 * b, 10 * b + 10)]
+    assert asked == [10, 20, 30]
+    again = PromptStream(draw, seed=3, block=10)
+    again.load_state_dict({"cursor": 25, "skip": []})
+    assert [again.next().id for _ in range(5)] == ids[25:]  # a resumed stream continues mid-block
