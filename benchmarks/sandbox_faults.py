@@ -80,7 +80,8 @@ class Ledger:
 '''
 
 
-def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progress: list[int]) -> dict:
+def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progress: list[int],
+                template: str | None = None) -> dict:
     """Play `episodes` episodes through EnvRollout (groups of `group_size`, at most `in_flight`
     at a time); progress[0] counts the episodes that reached the buffer."""
     import torch
@@ -98,7 +99,7 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
     hub = InferenceHub([EmbeddedEngine(load_policy("builtin").eval(), tokenizer, max_batch_size=16, seed=0)])
 
     def make_env() -> HostedEnv:
-        return HostedEnv(url, TOKEN, source=LEDGER, class_name="Ledger", step_timeout_s=3.0)
+        return HostedEnv(url, TOKEN, source=LEDGER, class_name="Ledger", step_timeout_s=3.0, template=template)
 
     rollout = EnvRollout(
         hub, lambda: EnvRunner(make_env, step_timeout_s=15.0, action_tag=None), tokenizer,
@@ -320,6 +321,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="40 episodes (service mode), 24 (rollout mode)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--template", default=None, help="rollout mode: the hosted envs' sandboxes start on this "
+                    "template (its name in the service's store, $CADENCE_TEMPLATE_DIR)")
     a = ap.parse_args()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where every thread is
     if a.quick:
@@ -333,7 +336,7 @@ def main() -> None:
         driver.start()
         try:
             if a.mode == "rollout":
-                res = run_rollout(inj.url, a.episodes, a.group_size, a.workers, progress)
+                res = run_rollout(inj.url, a.episodes, a.group_size, a.workers, progress, a.template)
             else:
                 res = run_service_episodes(inj.url, a.episodes, a.workers, progress)
         finally:
@@ -357,7 +360,7 @@ def main() -> None:
             time.sleep(0.2)
         leftover = [(s["id"], s["state"], s["last_reason"]) for s in status["sandboxes"] if s["state"] != "ready"]
     orphans = orphan_sandboxes()
-    res = {"mode": a.mode, "episodes": a.episodes, **res, "faults_injected": dict(inj.counts),
+    res = {"mode": a.mode, "episodes": a.episodes, "template": a.template, **res, "faults_injected": dict(inj.counts),
            "injector_error": inj.error, **checks,
            "events": len(events), "status_counts_after": status["counts"], "leftover_leases": leftover,
            "orphan_sandboxes_after": orphans, "wall_s": wall,
