@@ -20,6 +20,7 @@ from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import RLVRProducer, keeps
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
+from cadence.runtime.actors import Local
 from cadence.runtime.placement import WorkerGroup, join_parts
 
 
@@ -288,8 +289,8 @@ class _Reporting:
 def test_worker_group_adds_counts_and_averages_fractions():
     group = WorkerGroup.__new__(WorkerGroup)  # the merge alone: no workers started
     group.kind, group.workers = "inline", [
-        _Reporting({"rollout/samples_total": 8.0, "rollout/engine_busy_fraction": 0.25}),
-        _Reporting({"rollout/samples_total": 4.0, "rollout/engine_busy_fraction": 0.75}),
+        Local(_Reporting({"rollout/samples_total": 8.0, "rollout/engine_busy_fraction": 0.25})),
+        Local(_Reporting({"rollout/samples_total": 4.0, "rollout/engine_busy_fraction": 0.75})),
     ]
     assert group.metrics() == {"rollout/samples_total": 12.0, "rollout/engine_busy_fraction": 0.5}
 
@@ -303,7 +304,7 @@ def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alp
     )
     group = WorkerGroup(cfg, ConfiguredRolloutWorker)
     try:
-        assert group.workers[0].background is (alpha > 0)
+        assert group.workers[0].obj.background is (alpha > 0)
     finally:
         group.close()
 
@@ -358,3 +359,14 @@ def test_extra_groups_that_can_no_longer_be_fresh_are_cancelled_at_a_weight_push
     worker.update_weights({}, 3)
     assert producer.weights == [(3, expected)] and worker.version == 3 and worker.swaps == 1
     worker.close()
+
+
+def test_the_rollout_worker_is_a_threaded_ray_actor():
+    """Ray makes a class with any `async def` an asyncio actor: its calls would share one event
+    loop, a blocking get_batch would stall it and evaluate could not run the worker's own loop
+    (`cadence train runtime.kind=ray rollout.async_ratio=2` failed at its first evaluation)."""
+    import inspect
+
+    coroutines = [name for name, member in inspect.getmembers(ConfiguredRolloutWorker)
+                  if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member)]
+    assert coroutines == []

@@ -118,30 +118,9 @@ class RolloutWorker:
         self._born = time.perf_counter()
 
     # -- the producer loop --------------------------------------------------------
-    async def run(self, until: Callable[[], bool]) -> None:
-        """Serve the hub and keep admitting groups until `until()` holds."""
-        self._running = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
-        stop = asyncio.Event()
-        server = asyncio.ensure_future(self.hub.serve(stop))
-        try:
-            while True:
-                self._check()
-                self._admit()
-                if until():
-                    break
-                self.timeline.enter("generating" if self._tasks else "waiting")
-                if not self.background and not self._tasks and not self._room():
-                    raise RuntimeError(f"rollout worker {self.index}: idle with an incomplete batch")
-                self._changed.clear()
-                await self._changed.wait()
-        finally:
-            self._running = None
-            stop.set()
-            if not server.done():
-                await server
-            elif not server.cancelled():
-                server.exception()  # an interrupt that struck mid-round surfaces once, where it struck
+    def run(self, until: Callable[[], bool]) -> Coroutine[Any, Any, None]:
+        """Serve the hub and keep admitting groups until `until()` holds (a coroutine)."""
+        return _serve_and_admit(self, until)
 
     def _room(self) -> int:
         if not self.interrupt and self.hub.weights_pending():
@@ -154,18 +133,10 @@ class RolloutWorker:
             key, group_id = self.producer.next_key(), self.next_group_id
             self.next_group_id += self.group_id_step
             self._keys[group_id] = key
-            task = asyncio.ensure_future(self._play(key, group_id))
+            task = asyncio.ensure_future(_play(self, key, group_id))
             self._tasks.add(task)
             task.add_done_callback(self._group_ended)
             self.started_groups += 1
-
-    async def _play(self, key: int, group_id: int) -> None:
-        group = await self.producer.play(key, group_id)
-        if group is None:
-            self.never_trained += 1
-            self._keys.pop(group_id, None)
-        else:
-            self.buffer.put(group)
 
     def _group_ended(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -228,18 +199,11 @@ class RolloutWorker:
             torch.set_num_threads(self.threads)
         asyncio.set_event_loop(self._loop)
         try:
-            self._loop.run_until_complete(self._serve_until_stopped(ready))
+            self._loop.run_until_complete(_serve_until_stopped(self, ready))
         except Exception:  # surfaced to the trainer on its next call, not lost in a thread
             self._error = self._error or traceback.format_exc()
         finally:
             ready.set()
-
-    async def _serve_until_stopped(self, ready: threading.Event) -> None:
-        self._loop.call_soon(ready.set)
-        try:
-            await self.run(self._stopping.is_set)
-        finally:
-            await self._cancel()
 
     def _on_loop(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` where the groups live: on the worker's thread, or here while the hub serves."""
@@ -261,13 +225,6 @@ class RolloutWorker:
                 if task.done() and not task.cancelled():
                     task.exception()
             raise
-
-    async def _cancel(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.producer.cancel()
 
     # -- what the trainer calls ------------------------------------------------------
     def get_batch(self, trainer_version: int, timeout: float = 600.0) -> list[Group]:
@@ -313,12 +270,9 @@ class RolloutWorker:
     def evaluate(self, samples: int = 1) -> EvalResult:
         """Held-out success of the newest weights (queued ones go in first)."""
 
-        async def newest() -> EvalResult:
-            self.hub.swap_next_round()
-            self.timeline.enter("evaluating")
-            return await self.producer.evaluate(samples)
-
-        return self._on_loop(newest())
+        self.hub.swap_next_round()
+        self.timeline.enter("evaluating")
+        return self._on_loop(self.producer.evaluate(samples))
 
     def metrics(self) -> dict[str, float]:
         engine = self.engine.stats()
@@ -368,7 +322,7 @@ class RolloutWorker:
         self.stop()
         loop = self._own_loop
         if loop is not None and not loop.is_closed():
-            loop.run_until_complete(self._cancel())
+            loop.run_until_complete(_cancel(self))
             left = [t for t in asyncio.all_tasks(loop) if not t.done()]  # an interrupted run's own tasks
             for task in left:
                 task.cancel()
@@ -376,3 +330,56 @@ class RolloutWorker:
             loop.close()
         self.producer.close()
         self.timeline.close()
+
+
+# The loop's side of the worker: plain functions, not methods, because Ray makes any actor class
+# with an `async def` an asyncio actor, whose calls then share one event loop (a blocking
+# get_batch would stall it, and evaluate could not run the worker's own loop).
+async def _serve_and_admit(worker: RolloutWorker, until: Callable[[], bool]) -> None:
+    worker._running = asyncio.get_running_loop()
+    worker._changed = asyncio.Event()
+    stop = asyncio.Event()
+    server = asyncio.ensure_future(worker.hub.serve(stop))
+    try:
+        while True:
+            worker._check()
+            worker._admit()
+            if until():
+                break
+            worker.timeline.enter("generating" if worker._tasks else "waiting")
+            if not worker.background and not worker._tasks and not worker._room():
+                raise RuntimeError(f"rollout worker {worker.index}: idle with an incomplete batch")
+            worker._changed.clear()
+            await worker._changed.wait()
+    finally:
+        worker._running = None
+        stop.set()
+        if not server.done():
+            await server
+        elif not server.cancelled():
+            server.exception()  # an interrupt that struck mid-round surfaces once, where it struck
+
+
+async def _play(worker: RolloutWorker, key: int, group_id: int) -> None:
+    group = await worker.producer.play(key, group_id)
+    if group is None:
+        worker.never_trained += 1
+        worker._keys.pop(group_id, None)
+    else:
+        worker.buffer.put(group)
+
+
+async def _serve_until_stopped(worker: RolloutWorker, ready: threading.Event) -> None:
+    asyncio.get_running_loop().call_soon(ready.set)
+    try:
+        await _serve_and_admit(worker, worker._stopping.is_set)
+    finally:
+        await _cancel(worker)
+
+
+async def _cancel(worker: RolloutWorker) -> None:
+    tasks = list(worker._tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await worker.producer.cancel()
