@@ -195,8 +195,8 @@ def test_global_denominators_for_every_aggregation_mode():
     mask[4] = 0.0  # a sequence with no response token counts in no denominator
     group = TrainerGroup(DenominatorProbe, TrainerConfig(), RuntimeConfig(trainer_workers=2))
     try:
-        shared = group._all("call", "shared_losses", per_token, mask, True)[0]
-        local = group._all("call", "shared_losses", per_token, mask, False)[0]
+        shared = group.run(DenominatorProbe.shared_losses, per_token, mask, True)[0]
+        local = group.run(DenominatorProbe.shared_losses, per_token, mask, False)[0]
     finally:
         group.close()
     for mode in MODES:
@@ -214,6 +214,10 @@ def build_critic_credit_trainer(trainer_cfg: TrainerConfig, algo: AlgorithmConfi
     return PolicyTrainer(model, trainer_cfg, algo, 1.0, 0, critics=critics, credit=credit, dp=dp)
 
 
+def trainer_critics(trainer: PolicyTrainer) -> CriticEnsemble:
+    return trainer.critics
+
+
 @pytest.mark.slow
 def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
     """... with FSDP's CPU offload on (host memory unpinned here: there is no GPU)."""
@@ -227,7 +231,7 @@ def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
     try:
         metrics_2 = steps(group, 0, 3)
         weights_2 = group.weights()
-        critics_2 = group._all("get", "critics")[0]
+        critics_2 = group.run(trainer_critics)[0]
     finally:
         group.close()
     assert_same_metrics(metrics_1, metrics_2)

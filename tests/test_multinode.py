@@ -90,14 +90,16 @@ def test_critic_style_actor_is_pinned_by_its_custom_resource(cluster):
     import gc
 
     import ray
+    from ray.runtime_context import RuntimeContext
 
-    from cadence.runtime.remote import remote_object
+    from cadence.runtime.actors import RayActor, Recovery
 
     pinned = {n.node_id for n in cluster.worker_nodes}  # the nodes started with rollout_node
     # The object the actor holds is its own runtime context: it says which node the actor is on.
-    call = remote_object(ray.get_runtime_context, 0.5, {"rollout_node": 0.5})
-    assert call("get_node_id") in pinned and call("get_node_id") != ray.get_runtime_context().get_node_id()
-    del call
+    actor = RayActor(ray.get_runtime_context, {"num_cpus": 0.5, "resources": {"rollout_node": 0.5}}, Recovery("critic"))
+    node = actor.call(RuntimeContext.get_node_id)
+    assert node in pinned and node != ray.get_runtime_context().get_node_id()
+    del actor
     gc.collect()  # the last handle gone: Ray ends the actor and frees its resources
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from cadence.config import load_config
 from cadence.runtime import supervisor
+from cadence.runtime.actors import died_error
 from tests.quick_run import QUICK_RUN
 
 
@@ -77,8 +78,7 @@ def test_supervisor_backs_off_records_and_gives_up(tmp_path, webhook, monkeypatc
 def test_a_dead_critic_actor_is_recorded_as_the_critic_and_resumed(tmp_path, monkeypatch):
     cfg = load_config(None, [f"logging.run_dir={tmp_path}", "runtime.max_restarts=1", "runtime.restart_backoff_s=0"])
     died = ["Traceback (most recent call last):", '  File "critics.py", line 9, in update',
-            "cadence.runtime.remote.ActorDiedError: the critic actor died (update: The actor died unexpectedly); "
-            "its trained state lived only in it: resume the run from the last checkpoint"]
+            f"cadence.runtime.actors.ActorDiedError: {died_error('critic actor', 'update: The actor died')}"]
     answers = iter([(1, died), (0, [])])
     calls = []
     monkeypatch.setattr(supervisor, "_run_child", lambda args: (calls.append(args), next(answers))[1])

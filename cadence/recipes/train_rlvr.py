@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
 from cadence.models.loading import load_policy, load_tokenizer
@@ -27,12 +28,11 @@ from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
-from cadence.assemble import ConfiguredRolloutWorker
+from cadence.runtime.build import build_rank_trainer, build_trainer
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.runtime.trainer_group import TrainerGroup
-from cadence.train.build import build_rank_trainer, build_trainer
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
 

@@ -11,7 +11,7 @@ step appears once in metrics.jsonl. After N restarts it gives up.
 
 Each restart and its cause go to `<run>/restarts.jsonl`, one JSON object a
 line; the rollout workers append theirs there too (a dead actor that Ray
-restarted, see `WorkerGroup._recover`), so the file is the run's one record
+restarted, see `cadence/runtime/actors.py`), so the file is the run's one record
 of what went wrong. With `logging.webhook_url` set, a JSON POST announces
 each restart, the final failure, and the finish.
 
@@ -21,7 +21,7 @@ so a replacement built in place would pair an older critic with the newer
 policy; resuming both from the checkpoint keeps them consistent. Its entry
 names the role "critic". A dead actor_attn or rollout actor is replaced in
 place instead (their state is the policy's weights and a prompt position,
-both held outside them; `cadence/runtime/remote.py`, `WorkerGroup._recover`).
+both held outside them; `cadence/runtime/actors.py`).
 
 A child that exits with a config error (2) or was interrupted (Ctrl-C, 130)
 is not restarted: running it again would not help.

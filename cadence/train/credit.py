@@ -11,7 +11,7 @@ samples.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -20,8 +20,15 @@ from transformers import PreTrainedModel
 from cadence.algo.rhythm import CreditMode, RhythmConfig
 from cadence.algo.rhythm_shaping import credit_metrics
 from cadence.models.attention import ActorAttention
-from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
+
+
+class Credit(Protocol):
+    """What the trainer asks of credit, local or hosted (`cadence.runtime.hosted.RemoteCredit`)."""
+
+    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None: ...
+
+    def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]: ...
 
 
 class AttentionCredit:
@@ -87,48 +94,3 @@ class AttentionCredit:
         metrics["rhythm/attention_seconds"] = self.last_seconds
         return gammas, metrics
 
-
-class RemoteCredit:
-    """AttentionCredit with actor_attn in its own Ray actor (`runtime.credit_actor=true`).
-
-    The trainer uses it exactly as the local one: weights go to the actor after
-    every step (one object-store copy), batches in and gammas out.
-    """
-
-    def __init__(
-        self,
-        policy: PreTrainedModel,
-        policy_path: str,
-        credit: CreditMode,
-        cfg: RhythmConfig,
-        pad_id: int,
-        cpus: float,
-        resources: dict[str, float] | None = None,
-        max_restarts: int = 3,
-        run_dir: Path | None = None,
-    ) -> None:
-        from cadence.models.loading import load_policy
-
-        def make() -> AttentionCredit:  # built inside the actor process, where it lives
-            torch.set_num_threads(max(1, int(cpus)))
-            return AttentionCredit(load_policy(policy_path), credit, cfg, pad_id)
-
-        # actor_attn keeps no state of its own, only the policy's last weights: a dead actor is
-        # replaced in place and given them again (restarts.jsonl, runtime.actor_restarts times).
-        self._call = remote_object(make, cpus, resources, role="actor_attn", max_restarts=max_restarts,
-                                   run_dir=run_dir, restore=lambda ask: ask("sync_weights", *self._weights))
-        self.last_seconds = 0.0
-        self.sync_weights(policy.state_dict(), 0)  # the trainer's weights (a resumed run's differ from the checkpoint path's)
-
-    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        import ray
-
-        # One object-store copy, kept (the driver owns it) for a replacement actor.
-        self._weights = (ray.put({k: v.detach().cpu() for k, v in state_dict.items()}), version)
-        self._call("sync_weights", *self._weights)
-
-    def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
-        gammas, metrics = self._call("gammas", batch.to("cpu"))  # the object store holds host memory
-        gammas = gammas.to(batch.mask.device)
-        self.last_seconds = metrics["rhythm/attention_seconds"]
-        return gammas, metrics

@@ -12,6 +12,7 @@ in which token t+1 is chosen.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -19,7 +20,6 @@ from transformers import PreTrainedModel
 
 from cadence.algo.asyppo import CriticConfig, critic_loss, explained_variance, partition_groups
 from cadence.models.critic import ValueModel, small_critic_config
-from cadence.runtime.remote import remote_object
 from cadence.train.batch import TrainBatch
 from cadence.train.data_parallel import DataParallel, SingleProcess
 
@@ -37,6 +37,22 @@ def _new_critic(cfg: CriticConfig, policy: PreTrainedModel, policy_path: str) ->
         # Classic PPO: a critic as large as the policy, started from the policy's weights.
         return ValueModel.from_pretrained(policy_path)
     return ValueModel.from_config(small_critic_config(policy.config, cfg.critic_fraction))
+
+
+class Critics(Protocol):
+    """What the trainer asks of critics, local or hosted (`cadence.runtime.hosted.RemoteCritics`)."""
+
+    num_critics: int
+
+    def values(self, batch: TrainBatch) -> Tensor: ...
+
+    def update(self, batch: TrainBatch, returns: Tensor, old_values: Tensor) -> dict[str, float]: ...
+
+    def num_parameters(self) -> int: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class CriticEnsemble:
@@ -124,42 +140,3 @@ class CriticEnsemble:
             o.load_state_dict(s)
         self.generator.set_state(state["generator"])
 
-
-class RemoteCritics:
-    """The same ensemble in its own Ray actor (`runtime.critic_actor=true`).
-
-    The trainer talks to it exactly as to a local `CriticEnsemble`; batches and
-    returns travel through Ray's object store, and the critics' forward and
-    backward passes run on the actor's own CPUs (or GPU).
-    """
-
-    def __init__(
-        self, cfg: CriticConfig, policy_path: str, seed: int, micro_batch_size: int, cpus: float,
-        resources: dict[str, float] | None = None,
-    ) -> None:
-        from cadence.models.loading import load_policy
-
-        def make() -> CriticEnsemble:  # built inside the actor process, where it lives
-            torch.set_num_threads(max(1, int(cpus)))
-            return CriticEnsemble(cfg, load_policy(policy_path), policy_path, seed, micro_batch_size)
-
-        # No restore: the critics' weights and moments change every step and live only in the actor; a
-        # dead one raises ActorDiedError and the run resumes from the last checkpoint (supervisor).
-        self._call = remote_object(make, cpus, resources, role="critic")
-        self.num_critics = cfg.num_critics
-
-    # Batches travel on CPU (the object store holds host memory); values come back to the batch's device.
-    def values(self, batch: TrainBatch) -> Tensor:
-        return self._call("values", batch.to("cpu")).to(batch.mask.device)
-
-    def update(self, batch: TrainBatch, returns: Tensor, old_values: Tensor) -> dict[str, float]:
-        return self._call("update", batch.to("cpu"), returns.cpu(), old_values.cpu())
-
-    def num_parameters(self) -> int:
-        return self._call("num_parameters")
-
-    def state_dict(self) -> dict:
-        return self._call("state_dict")
-
-    def load_state_dict(self, state: dict) -> None:
-        self._call("load_state_dict", state)

@@ -39,8 +39,8 @@ from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
 from cadence.train.checkpoint import load_sharded, save_sharded
 from cadence.train.config import TrainerConfig
-from cadence.train.credit import AttentionCredit, RemoteCredit
-from cadence.train.critics import CriticEnsemble
+from cadence.train.credit import AttentionCredit, Credit
+from cadence.train.critics import CriticEnsemble, Critics
 from cadence.train.data_parallel import DataParallel, SingleProcess
 from cadence.train.device import resolve_device, to_cpu
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_entropy, token_logprobs
@@ -76,8 +76,8 @@ class PolicyTrainer:
         temperature: float,
         pad_id: int,
         reference: PreTrainedModel | None = None,
-        critics: CriticEnsemble | None = None,
-        credit: AttentionCredit | RemoteCredit | None = None,
+        critics: Critics | None = None,
+        credit: Credit | None = None,
         dp: DataParallel | None = None,
     ) -> None:
         """`dp`: this trainer's rank in a data-parallel group; by default it is alone in its process."""

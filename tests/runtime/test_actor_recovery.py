@@ -19,9 +19,8 @@ import pytest
 
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
-from cadence.runtime.remote import ActorDiedError
-from cadence.train.credit import RemoteCredit
-from cadence.train.critics import RemoteCritics
+from cadence.runtime.actors import ActorDiedError
+from cadence.runtime.hosted import RemoteCredit, RemoteCritics
 from tests.quick_run import QUICK_RUN
 
 COMMON = [*QUICK_RUN, "trainer.steps=3", "runtime.kind=ray", "runtime.rollout_cpus=0.5", "runtime.threads=1",
@@ -33,7 +32,7 @@ def _records(run: Path) -> list[dict]:
 
 
 def _kill_before_call(monkeypatch, cls: type, method: str, call: int, killed: list[int]) -> None:
-    """SIGKILL the actor behind `cls` (its RemoteObject) right before the `call`-th `method`."""
+    """SIGKILL the actor behind `cls` (its RayActor) right before the `call`-th `method`."""
     original = getattr(cls, method)
     calls = [0]
 
@@ -42,7 +41,7 @@ def _kill_before_call(monkeypatch, cls: type, method: str, call: int, killed: li
 
         calls[0] += 1
         if calls[0] == call:
-            pid = ray._private.state.actors(self._call.actor._actor_id.hex())["Pid"]
+            pid = ray._private.state.actors(self.actor.actor._actor_id.hex())["Pid"]
             victim = psutil.Process(pid)
             victim.send_signal(signal.SIGKILL)
             victim.wait(timeout=30)

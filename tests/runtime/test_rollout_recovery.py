@@ -38,7 +38,7 @@ def test_dead_worker_comes_back_with_weights_and_prompt_position(local_ray, tmp_
         group.update_weights(weights, 1)
         seen += [g.prompt_id for g in group.get_batch(1)]
         group.update_weights(weights, 2)
-        local_ray.kill(group.workers[0])  # dead between two calls, as after a node loss
+        local_ray.kill(group.workers[0].actor)  # dead between two calls, as after a node loss
         after = group.get_batch(2)
         assert group.restarts == 1
         assert {s.version for g in after for s in g.samples} == {2}  # generated on the pushed weights

@@ -20,8 +20,8 @@ def test_killed_rank_fails_the_step_with_a_clear_error():
     group = start_group(cfg, AlgorithmConfig())
     try:
         group.step(make_groups(0))
-        os.kill(group.procs[1].pid, signal.SIGKILL)
-        group.procs[1].join(timeout=10)
+        os.kill(group.ranks[1].proc.pid, signal.SIGKILL)
+        group.ranks[1].proc.join(timeout=10)
         with pytest.raises(TrainerRankError, match=r"trainer rank 1 of 2 died .*resume from the last checkpoint"):
             group.step(make_groups(1))
     finally:

@@ -1,4 +1,5 @@
-"""Build the policy trainer of a run from its config: policy, reference, critics, credit.
+"""Build the policy trainer of a run from its config: policy, reference, critics, credit (in this
+process, or hosted in their own Ray actors: `cadence.runtime.hosted`).
 
 The recipe calls `build_trainer` for a one-process trainer; each data-parallel
 rank calls `build_rank_trainer` in its own process (`runtime.trainer_workers > 1`).
@@ -10,8 +11,9 @@ import torch
 
 from cadence.config import RunConfig
 from cadence.models.loading import frozen_copy, load_policy
-from cadence.train.credit import AttentionCredit, RemoteCredit
-from cadence.train.critics import CriticEnsemble, RemoteCritics
+from cadence.runtime.hosted import RemoteCredit, RemoteCritics
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
 from cadence.train.trainer import PolicyTrainer
 
