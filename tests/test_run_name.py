@@ -102,3 +102,18 @@ def test_train_shows_no_weight_loading_or_shard_writing_bars(tmp_path, monkeypat
         hf_logging.enable_progress_bar()
     assert result.exit_code == 0, result.output
     assert "Loading weights" not in result.output and "Writing model shards" not in result.output, result.output
+
+
+def test_resuming_a_fixed_run_folder_keeps_the_name_it_started_with(tmp_path):
+    """logging.run_dir without {name} is one folder; its start-time name must not read as a
+    config change on --resume (it did: `--resume: ... logging.name (...) -> (...)`)."""
+    fixed = f"logging.run_dir={tmp_path}/run"
+    started = load_config(None, [fixed])
+    choose_run_name(started, resume=False)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(f"logging:\n  name: {started.logging.name}\n")
+    time.sleep(1.1)  # the resumed run starts later: its start-time name differs
+    later = load_config(None, [fixed])
+    assert later.logging.name != started.logging.name
+    choose_run_name(later, resume=True)
+    assert later.logging.name == started.logging.name

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from cadence.config import ConfigError, RunConfig
 
 CONFIG_FILE = "config.yaml"  # written when a run starts (train_rlvr.prepare_run_dir); marks a run folder
@@ -39,11 +41,23 @@ def latest_run(root: Path, prefix: str = "", suffix: str = "") -> Path | None:
     return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime, default=None)
 
 
+def _keep_started_name(cfg: RunConfig) -> None:
+    saved = cfg.run_dir() / CONFIG_FILE
+    if saved.is_file():
+        name = (yaml.safe_load(saved.read_text()) or {}).get("logging", {}).get("name")
+        if isinstance(name, str):
+            cfg.logging.name = name
+
+
 def choose_run_name(cfg: RunConfig, resume: bool) -> None:
     """Settle `cfg.logging.name` for `cadence train`, before anything loads: a fresh, unused
     start-time name for a new run; for `--resume`, the latest run's name."""
     pattern = _run_pattern(cfg)
-    if named_explicitly(cfg) or pattern is None:
+    if named_explicitly(cfg):
+        return
+    if pattern is None:  # one fixed folder: a resumed run keeps the name it started with
+        if resume:
+            _keep_started_name(cfg)
         return
     root, prefix, suffix = pattern
     if resume:

@@ -326,7 +326,8 @@ class RolloutWorker:
             left = [t for t in asyncio.all_tasks(loop) if not t.done()]  # an interrupted run's own tasks
             for task in left:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             loop.close()
         self.producer.close()
         self.timeline.close()
