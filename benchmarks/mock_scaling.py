@@ -20,10 +20,10 @@ import json
 import time
 from pathlib import Path
 
+from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import load_config
 from cadence.models.loading import load_policy
 from cadence.observe.report import write_doc_table
-from cadence.assemble import ConfiguredRolloutWorker
 from cadence.runtime.placement import WorkerGroup
 
 ROOT = Path(__file__).resolve().parent.parent
