@@ -46,7 +46,6 @@ from pathlib import Path
 import torch
 
 from cadence.config import load_config
-from cadence.data.build import build_task
 from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
@@ -123,6 +122,7 @@ GENERATION_MODES = {
 def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, slots: int = 32, seed: int = 0) -> float:
     """Seconds to generate one training batch (16 prompts x 8 long-tailed answers) via RLVRProducer."""
     # Imported here: the throughput rows alone also run against older cadence (compare_commits.py).
+    from cadence.data.build import build_task
     from cadence.inference.hub import InferenceHub
     from cadence.rollout.rlvr import RLVRProducer
 
