@@ -1,12 +1,11 @@
 """The README's commands, in order: each one parses (config validated, subcommand known) without
-running. scripts/check_readme.py runs them all on a fresh clone in a fresh venv (slow test below)."""
+running. `python scripts/check_readme.py` runs them all on a fresh clone in a fresh venv (tens of
+minutes: a venv, an install, the runs; too long for the test suite, which CI runs on every stop)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -70,13 +69,3 @@ def test_every_cadence_command_parses(step, monkeypatch):
     command = args[1:3] if args[1] in ("sandbox", "simulate") else args[1:2]
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
-
-
-@pytest.mark.slow
-def test_the_readme_runs_in_order_on_a_fresh_clone(tmp_path):
-    """The whole README, as scripts/check_readme.py runs it (tens of minutes: a venv, an install, the runs)."""
-    out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_readme.py"), "--workdir", str(tmp_path),
-                           "--pip-first", "torch==2.13.0", "--out", str(out)], capture_output=True, text=True)
-    report = json.loads(out.read_text())
-    assert proc.returncode == 0 and report["failed"] == [], proc.stdout[-4000:]
