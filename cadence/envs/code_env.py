@@ -22,10 +22,20 @@ from typing import Any
 
 from cadence.data.tasks import stable_hash
 from cadence.envs.contract import ResetReturn, StepReturn
-from cadence.envs.executor import EXECUTORS, ExecResult, Executor
+from cadence.envs.executor import ExecResult, Executor, SubprocessExecutor
 
 _CODE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```|<code>(.*?)</code>", re.DOTALL | re.I)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.I)
+
+
+def _sandbox_executor(**kwargs: object) -> Executor:
+    """bubblewrap-isolated execution (cadence/sandbox), imported only when asked for."""
+    from cadence.envs.sandbox_executor import SandboxExecutor
+
+    return SandboxExecutor(**kwargs)
+
+
+EXECUTORS: dict[str, Callable[..., Executor]] = {"subprocess": SubprocessExecutor, "sandbox": _sandbox_executor}
 
 HOW = (
     "You can run Python: put code in a ```python block and you will see what it prints. "

@@ -2,7 +2,7 @@
 
 `CodeEnv` only needs ``run(code, timeout_s) -> ExecResult``, so the sandbox
 service (isolated instances with health checks) can stand in for
-`SubprocessExecutor` by registering itself in `EXECUTORS`.
+`SubprocessExecutor` (code_env.py's `EXECUTORS` names both).
 
 `SubprocessExecutor` is a guard, not a security boundary: a fresh interpreter
 in isolated mode (``-I``: no user site, no PYTHON* variables), an empty
@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -102,13 +101,3 @@ class SubprocessExecutor:
             stdout = (work / "out").read_bytes().decode("utf-8", "replace")
             stderr = (work / "err").read_bytes().decode("utf-8", "replace")
             return ExecResult(stdout, _BOOTSTRAP_FRAME.sub("", stderr), exit_code, timed_out)
-
-
-def _sandbox_executor(**kwargs: object) -> Executor:
-    """bubblewrap-isolated execution (cadence/sandbox), imported only when asked for."""
-    from cadence.envs.sandbox_executor import SandboxExecutor
-
-    return SandboxExecutor(**kwargs)
-
-
-EXECUTORS: dict[str, Callable[..., Executor]] = {"subprocess": SubprocessExecutor, "sandbox": _sandbox_executor}

@@ -67,5 +67,5 @@ def test_executor_on_the_service(tmp_path, monkeypatch):
             assert leased == 1  # the code ran on the service
         finally:
             env.executor.close()
-    with pytest.raises(ValueError, match="sandbox_url needs backend='sandbox'"):
+    with pytest.raises(ValueError, match="sandbox_url and template need backend='sandbox'"):
         CodeEnv(sandbox_url="http://127.0.0.1:1")
