@@ -122,6 +122,10 @@ class RolloutWorker:
         """Serve the hub and keep admitting groups until `until()` holds (a coroutine)."""
         return _serve_and_admit(self, until)
 
+    def cancel(self) -> Coroutine[Any, Any, None]:
+        """Cancel every group in flight (a coroutine, for whoever runs the worker's loop)."""
+        return _cancel(self)
+
     def _room(self) -> int:
         if not self.interrupt and self.hub.weights_pending():
             return 0  # the swap waits for what is in flight; nothing new starts meanwhile

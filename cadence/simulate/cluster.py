@@ -184,7 +184,7 @@ class ClusterSim:
                 worker._poke()
             await asyncio.gather(*tasks)
             for worker in self.workers:
-                await worker._cancel()
+                await worker.cancel()
 
     def run(self) -> SimResult:
         began = time.process_time()
