@@ -87,7 +87,8 @@ def test_the_interpreter_and_hosted_code_show_nothing_else_of_the_host(monkeypat
                                "print(os.listdir('/opt/code')); print(os.listdir('/tmp'))").stdout.splitlines()
         assert set(eval(listing[0])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "opt", "proc", "sbin",
                                          "tmp", "usr", "workspace"}, listing[0]
-        assert set(eval(listing[1])) <= {"code", "python", "site"} and listing[2:] == ["['cadence']", "[]"]
+        # /opt/venv: the venv cadence runs from, when it runs from one (its site-packages, read-only)
+        assert set(eval(listing[1])) <= {"code", "python", "site", "venv"} and listing[2:] == ["['cadence']", "[]"]
         for path in ("/root", os.path.expanduser("~"), checkout, os.path.join(checkout, "README.md"),
                      os.path.abspath(__file__), "/opt/code/cadence/../README.md", "/opt/code/tests",
                      "/opt/python/../../root", "/proc/1/root/root", staging.ROOT):
