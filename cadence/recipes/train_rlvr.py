@@ -25,6 +25,7 @@ from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.progress import TrainingBar
 from cadence.observe.report import held_out_label, plot_curves, print_summary
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
+from cadence.observe.run_name import choose_run_name
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
@@ -57,6 +58,7 @@ class TrainingInterrupted(Exception):
 def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None = None) -> Path:
     """The run folder, checked before anything loads: a fresh run never overwrites checkpoints,
     and a resumed one keeps its config unless the changed fields are allowed (then recorded)."""
+    choose_run_name(cfg, resume)  # as `cadence train` does (a no-op once it has): a resume keeps its name
     run_dir = cfg.run_dir()
     found = latest_checkpoint(run_dir) if run_dir.exists() else None
     if found and not resume:
