@@ -325,13 +325,17 @@ class RolloutWorker:
     def close(self) -> None:
         self.stop()
         loop = self._own_loop
-        if loop is not None and not loop.is_closed():
-            loop.run_until_complete(_cancel(self))
-            left = [t for t in asyncio.all_tasks(loop) if not t.done()]  # an interrupted run's own tasks
+        if loop is not None and not loop.is_closed() and not loop.is_running():
+            before = asyncio.all_tasks(loop)  # e.g. an interrupted run's own tasks
+            loop.run_until_complete(_cancel_within(self, CANCEL_WAIT_S))
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in left:
                 task.cancel()
             if left:
-                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_WAIT_S))
+            for task in before | set(left):
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: it ended because we stopped it
             loop.close()
         self.producer.close()
         self.timeline.close()
@@ -379,7 +383,17 @@ async def _serve_until_stopped(worker: RolloutWorker, ready: threading.Event) ->
     try:
         await _serve_and_admit(worker, worker._stopping.is_set)
     finally:
-        await _cancel(worker)
+        await _cancel_within(worker, CANCEL_WAIT_S)
+
+
+CANCEL_WAIT_S = 10.0  # an episode whose environment ignores cancellation must not hang a stop
+
+
+async def _cancel_within(worker: RolloutWorker, seconds: float) -> None:
+    """Cancel what is in flight, waiting at most `seconds` for it to end."""
+    done, _ = await asyncio.wait([asyncio.ensure_future(_cancel(worker))], timeout=seconds)
+    for task in done:
+        task.result()
 
 
 async def _cancel(worker: RolloutWorker) -> None:
