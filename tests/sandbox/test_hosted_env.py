@@ -130,7 +130,10 @@ class Walk:
     def step(self, action):
         if action == "snoop":
             return open(os.path.join(os.path.dirname(__file__), "secret.txt")).read(), 0.0, True, False, {}
-        guess = int(action)
+        try:  # a trained model writes anything: text that is not a number is a wrong guess, not a crash
+            guess = int(action)
+        except ValueError:
+            return "not a number", 0.0, False, False, {}
         return ("right" if guess == self.target else "wrong"), np.float32(guess == self.target), \\
             np.bool_(guess == self.target), False, {}
 '''
