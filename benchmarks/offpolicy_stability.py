@@ -50,7 +50,7 @@ import shlex
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "offpolicy_stability.json"
 DATA = ROOT / "runs" / "offpolicy-carry"
 ALPHAS = (0, 1, 2, 4, 8, 16)
+FIRST_ALPHAS = (0, 8, 16)
 LOSSES: dict[str, list[str]] = {
     "grpo, no correction": ["algorithm.loss=grpo", "algorithm.mismatch.mode=none"],
     "grpo (default: pi_old/mu weight)": ["algorithm.loss=grpo"],
@@ -193,13 +194,51 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_grid(cells: list[tuple[str, list[str], int, int]], setting: dict[str, Any], data: Path, jobs: int) -> list[dict]:
-    """Every cell, `jobs` at a time in spawned processes (1: in this process)."""
+def run_grid(
+    cells: list[tuple[str, list[str], int, int]], setting: dict[str, Any], data: Path, jobs: int,
+    partial: Path | None = None,
+) -> list[dict]:
+    """Every cell, `jobs` at a time in spawned processes (1: in this process).
+
+    Each finished run is appended to `partial` (JSONL) as it ends, and runs found there with
+    the same setting are not run again: a grid of hours that is killed resumes where it was.
+    """
+    done = _finished_runs(partial, setting)
+    runs = [done[key] for key in map(_cell_key, cells) if key in done]
+    todo = [cell for cell in cells if _cell_key(cell) not in done]
+    if runs:
+        print(f"{len(runs)} runs already in {partial}; {len(todo)} to go", flush=True)
+
+    def keep(run: dict[str, Any]) -> dict[str, Any]:
+        if partial is not None:
+            with partial.open("a") as f:
+                f.write(json.dumps({"setting": setting, "run": run}) + "\n")
+        runs.append(_report(run))
+        return run
+
     if jobs == 1:
-        return [_report(run_cell(*cell, setting, data)) for cell in cells]
+        for cell in todo:
+            keep(run_cell(*cell, setting, data))
+        return runs
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_cell, *cell, setting, data) for cell in cells]
-        return [_report(f.result()) for f in futures]
+        futures = [pool.submit(run_cell, *cell, setting, data) for cell in todo]
+        for future in as_completed(futures):
+            keep(future.result())
+    return runs
+
+
+def _cell_key(cell: tuple[str, list[str], int, int] | dict[str, Any]) -> tuple[str, int, int]:
+    if isinstance(cell, dict):
+        return cell["loss"], cell["alpha"], cell["seed"]
+    loss, _, alpha, seed = cell
+    return loss, alpha, seed
+
+
+def _finished_runs(partial: Path | None, setting: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, Any]]:
+    if partial is None or not partial.exists():
+        return {}
+    lines = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+    return {_cell_key(x["run"]): x["run"] for x in lines if x["setting"] == setting}
 
 
 def _report(cell: dict[str, Any]) -> dict[str, Any]:
@@ -234,13 +273,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds, alphas = ([0], [0, 2]) if args.quick else (args.seeds, args.alphas)
     data = DATA if args.out is None else args.out.parent / "offpolicy-carry"
     write_carry_task(data)
-    # Critic runs are the slowest: start them first so the pool does not end on one.
+    # The alphas the acceptance reads (0, 8, 16) first, so a grid cut short still answers it;
+    # within them critic runs, the slowest, start first so the pool does not end on one.
     cells = sorted(
         ((loss, ALL_LOSSES[loss], alpha, seed) for seed in seeds for alpha in alphas for loss in args.losses),
-        key=lambda c: (not c[0].startswith("asyppo"), c[3], c[2]),
+        key=lambda c: (c[2] not in FIRST_ALPHAS, not c[0].startswith("asyppo"), c[3], c[2]),
     )
+    out = args.out or (None if args.quick else RESULTS)
+    partial = None if out is None else out.with_suffix(".partial.jsonl")
     began, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
-    runs = run_grid(cells, setting, data, args.jobs)
+    runs = run_grid(cells, setting, data, args.jobs, partial)
     meta = {
         "date": began,
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
@@ -254,7 +296,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(["python", "benchmarks/offpolicy_stability.py", *(sys.argv[1:] if argv is None else argv)]),
     }
     result = {"meta": meta, "runs": runs, "summary": summarise(runs)}
-    out = args.out or (None if args.quick else RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))

@@ -107,3 +107,27 @@ def test_answer_offsets_of_the_builtin_model_are_right_or_the_slip(bench, tmp_pa
     assert sum(offsets.values()) == bench.TEST_PROBLEMS
     # The warm-up's habit on carrying problems: the right sum, or the sum without the carry (10 less).
     assert offsets[0] + offsets[-10] >= 0.95 * bench.TEST_PROBLEMS and offsets[-10] > offsets[0] > 0
+
+
+def test_a_killed_grid_resumes_from_its_partial_file_and_runs_only_what_is_missing(bench, tmp_path, monkeypatch):
+    ran = []
+
+    def fake_cell(loss, algo, alpha, seed, setting, data):
+        ran.append((loss, alpha, seed))
+        if len(ran) == 3 and not getattr(fake_cell, "survived", False):
+            raise KeyboardInterrupt  # the grid is killed after two runs
+        return _run(loss, alpha, seed, after=0.5)
+
+    monkeypatch.setattr(bench, "run_cell", fake_cell)
+    cells = [("topr", [], alpha, seed) for alpha in (0, 8) for seed in (0, 1)]
+    partial, setting = tmp_path / "grid.partial.jsonl", {"steps": 60}
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_grid(cells, setting, tmp_path, 1, partial)
+    assert len(partial.read_text().splitlines()) == 2
+    fake_cell.survived, ran[:] = True, []
+    runs = bench.run_grid(cells, setting, tmp_path, 1, partial)
+    assert ran == [("topr", 8, 0), ("topr", 8, 1)]  # the two finished runs are not run again
+    assert sorted(bench._cell_key(r) for r in runs) == sorted(bench._cell_key(c) for c in cells)
+    ran[:] = []
+    bench.run_grid(cells, {"steps": 2}, tmp_path, 1, partial)  # another setting reuses nothing
+    assert len(ran) == 4
