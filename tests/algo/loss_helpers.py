@@ -26,6 +26,19 @@ def inputs_from_ratios(ratios, adv, mask=None, old=None, **extra) -> PolicyLossI
     return PolicyLossInputs(logprobs=logp, old_logprobs=old, advantages=T(adv), mask=mask, **extra)
 
 
+def inputs_from_probs(pi_theta, pi_old, mu, adv, mask=None, rewards=None) -> PolicyLossInputs:
+    """Inputs from probabilities (rows = sequences, columns = tokens): pi_theta carries the gradient."""
+    logp = T(pi_theta).log().clone().requires_grad_(True)
+    return PolicyLossInputs(
+        logprobs=logp,
+        old_logprobs=T(pi_old).log(),
+        behaviour_logprobs=T(mu).log(),
+        advantages=T(adv),
+        mask=T(mask) if mask is not None else torch.ones_like(logp),
+        sequence_rewards=T(rewards) if rewards is not None else None,
+    )
+
+
 def loss_and_grad(inp: PolicyLossInputs, cfg: AlgorithmConfig, **kw):
     out = compute_policy_loss(inp, cfg, **kw)
     (grad,) = torch.autograd.grad(out.loss, inp.logprobs)

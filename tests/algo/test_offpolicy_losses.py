@@ -15,22 +15,10 @@ import pytest
 import torch
 
 from cadence.algo.config import AlgorithmConfig
-from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
-from tests.algo.loss_helpers import T, loss_and_grad
+from tests.algo.loss_helpers import T, inputs_from_probs, loss_and_grad
 
-
-def probs(pi_theta, pi_old, mu, adv, rewards=None) -> PolicyLossInputs:
-    """Inputs from probabilities (rows = sequences, columns = tokens)."""
-    logp = T(pi_theta).log().clone().requires_grad_(True)
-    return PolicyLossInputs(
-        logprobs=logp,
-        old_logprobs=T(pi_old).log(),
-        behaviour_logprobs=T(mu).log(),
-        advantages=T(adv),
-        mask=torch.ones_like(logp),
-        sequence_rewards=T(rewards) if rewards is not None else None,
-    )
+probs = inputs_from_probs
 
 
 def test_tis_weights_by_pi_old_over_mu_truncated_at_c():

@@ -15,18 +15,9 @@ import torch
 
 from cadence.algo.config import AlgorithmConfig
 from cadence.algo.losses import PolicyLossInputs
-from tests.algo.loss_helpers import T, loss_and_grad
+from tests.algo.loss_helpers import T, inputs_from_probs, loss_and_grad
 
-
-def probs(pi_theta, pi_old, mu, adv, mask=None) -> PolicyLossInputs:
-    logp = T(pi_theta).log().clone().requires_grad_(True)
-    return PolicyLossInputs(
-        logprobs=logp,
-        old_logprobs=T(pi_old).log(),
-        behaviour_logprobs=T(mu).log(),
-        advantages=T(adv),
-        mask=T(mask) if mask is not None else torch.ones_like(logp),
-    )
+probs = inputs_from_probs
 
 
 def from_log_rho(log_rho, pi_theta, adv, mask=None) -> PolicyLossInputs:
