@@ -91,8 +91,8 @@ def train(
 
     try:
         cfg = load_config(config, overrides)
-        auto_name = not named_explicitly(cfg)
-        choose_run_name(cfg, resume)
+        auto_name = not named_explicitly(cfg.logging)
+        choose_run_name(cfg.logging, resume)
     except ConfigError as err:
         _fail(err)
     for note in eval_notes(cfg):
@@ -107,7 +107,7 @@ def train(
         args = [*(["--config", config] if config else []), *(overrides or []),
                 *([f"logging.name={cfg.logging.name}"] if auto_name else []),
                 *(f"--allow-change={a}" for a in allow_change or [])]
-        raise typer.Exit(supervise(cfg, args, resume))
+        raise typer.Exit(supervise(cfg.runtime, cfg.logging, args, resume))
     from cadence.recipes.train_rlvr import TrainingInterrupted
     from cadence.recipes.train_rlvr import train as run_train
 
