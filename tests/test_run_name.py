@@ -24,13 +24,13 @@ def _started(run_dir, when: float) -> None:
 def test_each_fresh_run_gets_its_own_folder(tmp_path):
     template = f"logging.run_dir={tmp_path}/{{name}}"
     first = load_config(None, [template])
-    assert not named_explicitly(first)
-    choose_run_name(first, resume=False)
+    assert not named_explicitly(first.logging)
+    choose_run_name(first.logging, resume=False)
     first.run_dir().mkdir()
     second = load_config(None, [template])
     second.logging.name = first.logging.name  # started in the same second
     second.logging.model_fields_set.discard("name")
-    choose_run_name(second, resume=False)
+    choose_run_name(second.logging, resume=False)
     assert second.run_dir() != first.run_dir() and not second.run_dir().exists()
     assert second.logging.name == f"{first.logging.name}-2"
 
@@ -42,7 +42,7 @@ def test_resume_without_a_name_continues_the_latest_started_run(tmp_path):
     (tmp_path / "not-a-run").mkdir()
     assert latest_run(tmp_path) == tmp_path / "2026-01-01_00-00-00"
     cfg = load_config(None, [f"logging.run_dir={tmp_path}/{{name}}"])
-    choose_run_name(cfg, resume=True)
+    choose_run_name(cfg.logging, resume=True)
     assert cfg.run_dir() == tmp_path / "2026-01-01_00-00-00"
 
 
@@ -51,23 +51,23 @@ def test_a_template_with_text_around_the_name_resumes_its_own_runs(tmp_path):
     _started(tmp_path / "frozenlake-a", now - 10)
     _started(tmp_path / "sokoban-b", now)  # newer, but another example's
     cfg = load_config(None, [f"logging.run_dir={tmp_path}/frozenlake-{{name}}"])
-    choose_run_name(cfg, resume=True)
+    choose_run_name(cfg.logging, resume=True)
     assert cfg.logging.name == "a" and cfg.run_dir() == tmp_path / "frozenlake-a"
 
 
 def test_resume_with_no_run_to_continue_says_so(tmp_path):
     cfg = load_config(None, [f"logging.run_dir={tmp_path}/runs/{{name}}"])
     with pytest.raises(ConfigError, match="no run to continue matching"):
-        choose_run_name(cfg, resume=True)
+        choose_run_name(cfg.logging, resume=True)
 
 
 def test_an_explicit_name_or_fixed_folder_is_kept(tmp_path):
     _started(tmp_path / "other", time.time())
     named = load_config(None, [f"logging.run_dir={tmp_path}/{{name}}", "logging.name=mine"])
-    choose_run_name(named, resume=True)
+    choose_run_name(named.logging, resume=True)
     assert named.logging.name == "mine"
     fixed = load_config(None, [f"logging.run_dir={tmp_path}/fixed"])
-    choose_run_name(fixed, resume=True)
+    choose_run_name(fixed.logging, resume=True)
     assert fixed.run_dir() == tmp_path / "fixed"
 
 
@@ -109,11 +109,11 @@ def test_resuming_a_fixed_run_folder_keeps_the_name_it_started_with(tmp_path):
     config change on --resume (it did: `--resume: ... logging.name (...) -> (...)`)."""
     fixed = f"logging.run_dir={tmp_path}/run"
     started = load_config(None, [fixed])
-    choose_run_name(started, resume=False)
+    choose_run_name(started.logging, resume=False)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(f"logging:\n  name: {started.logging.name}\n")
     time.sleep(1.1)  # the resumed run starts later: its start-time name differs
     later = load_config(None, [fixed])
     assert later.logging.name != started.logging.name
-    choose_run_name(later, resume=True)
+    choose_run_name(later.logging, resume=True)
     assert later.logging.name == started.logging.name

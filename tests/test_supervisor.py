@@ -66,7 +66,7 @@ def test_supervisor_backs_off_records_and_gives_up(tmp_path, webhook, monkeypatc
     calls, sleeps = [], []
     monkeypatch.setattr(supervisor, "_run_child", lambda args: (calls.append(args), (-9, []))[1])
     monkeypatch.setattr(supervisor.time, "sleep", sleeps.append)
-    assert supervisor.supervise(cfg, ["a=1"], resume=False) == -9
+    assert supervisor.supervise(cfg.runtime, cfg.logging, ["a=1"], resume=False) == -9
     assert calls == [["a=1"], ["a=1", "--resume"], ["a=1", "--resume"]]  # restarts resume
     assert sleeps == [0.01, 0.02]  # exponential backoff
     entries = _restarts(tmp_path)
@@ -82,7 +82,7 @@ def test_a_dead_critic_actor_is_recorded_as_the_critic_and_resumed(tmp_path, mon
     answers = iter([(1, died), (0, [])])
     calls = []
     monkeypatch.setattr(supervisor, "_run_child", lambda args: (calls.append(args), next(answers))[1])
-    assert supervisor.supervise(cfg, [], resume=False) == 0
+    assert supervisor.supervise(cfg.runtime, cfg.logging, [], resume=False) == 0
     assert calls == [[], ["--resume"]]  # critic and policy resume together from the checkpoint
     (entry,) = _restarts(tmp_path)
     assert entry["role"] == "critic" and "ActorDiedError" in entry["cause"]
@@ -92,7 +92,7 @@ def test_a_dead_critic_actor_is_recorded_as_the_critic_and_resumed(tmp_path, mon
 def test_supervisor_does_not_restart_a_config_error(tmp_path, monkeypatch):
     cfg = load_config(None, [f"logging.run_dir={tmp_path}", "runtime.max_restarts=3"])
     monkeypatch.setattr(supervisor, "_run_child", lambda args: (2, ["bad field"]))
-    assert supervisor.supervise(cfg, [], resume=False) == 2
+    assert supervisor.supervise(cfg.runtime, cfg.logging, [], resume=False) == 2
     assert _restarts(tmp_path) == []
 
 

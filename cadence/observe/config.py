@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,3 +43,7 @@ class LoggingConfig(BaseModel):
         None, description="POST a JSON message here when a supervised run fails, restarts or finishes "
         "(runtime.max_restarts > 0); None = no messages."
     )
+
+    def run_folder(self) -> Path:
+        """This run's folder: `run_dir` with `{name}` filled in."""
+        return Path(self.run_dir.format(name=self.name))

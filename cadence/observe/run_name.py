@@ -14,21 +14,22 @@ from pathlib import Path
 
 import yaml
 
-from cadence.config import ConfigError, RunConfig
+from cadence.observe.config import LoggingConfig
+from cadence.yaml_config import ConfigError
 
 CONFIG_FILE = "config.yaml"  # written when a run starts (train_rlvr.prepare_run_dir); marks a run folder
 
 
-def named_explicitly(cfg: RunConfig) -> bool:
+def named_explicitly(logging: LoggingConfig) -> bool:
     """Whether the config or an override set `logging.name` (not the start-time default)."""
-    return "name" in cfg.logging.model_fields_set
+    return "name" in logging.model_fields_set
 
 
-def _run_pattern(cfg: RunConfig) -> tuple[Path, str, str] | None:
+def _run_pattern(logging: LoggingConfig) -> tuple[Path, str, str] | None:
     """Where this template's run folders live and the text around the name in theirs:
     `runs/{name}` -> (runs, "", ""), `runs/frozenlake-{name}` -> (runs, "frozenlake-", ""); None when
     `logging.run_dir` names one fixed folder."""
-    path = Path(cfg.logging.run_dir)
+    path = Path(logging.run_dir)
     if path.name.count("{name}") != 1 or "{name}" in str(path.parent):
         return None
     prefix, suffix = path.name.split("{name}")
@@ -41,33 +42,33 @@ def latest_run(root: Path, prefix: str = "", suffix: str = "") -> Path | None:
     return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime, default=None)
 
 
-def _keep_started_name(cfg: RunConfig) -> None:
-    saved = cfg.run_dir() / CONFIG_FILE
+def _keep_started_name(logging: LoggingConfig) -> None:
+    saved = logging.run_folder() / CONFIG_FILE
     if saved.is_file():
         name = (yaml.safe_load(saved.read_text()) or {}).get("logging", {}).get("name")
         if isinstance(name, str):
-            cfg.logging.name = name
+            logging.name = name
 
 
-def choose_run_name(cfg: RunConfig, resume: bool) -> None:
-    """Settle `cfg.logging.name` for `cadence train`, before anything loads: a fresh, unused
+def choose_run_name(logging: LoggingConfig, resume: bool) -> None:
+    """Settle `logging.name` for `cadence train`, before anything loads: a fresh, unused
     start-time name for a new run; for `--resume`, the latest run's name."""
-    pattern = _run_pattern(cfg)
-    if named_explicitly(cfg):
+    pattern = _run_pattern(logging)
+    if named_explicitly(logging):
         return
     if pattern is None:  # one fixed folder: a resumed run keeps the name it started with
         if resume:
-            _keep_started_name(cfg)
+            _keep_started_name(logging)
         return
     root, prefix, suffix = pattern
     if resume:
         found = latest_run(root, prefix, suffix)
         if found is None:
-            raise ConfigError(f"--resume: no run to continue matching logging.run_dir={cfg.logging.run_dir}; "
+            raise ConfigError(f"--resume: no run to continue matching logging.run_dir={logging.run_dir}; "
                               "start one with `cadence train`, or name the run with logging.name=<name>")
-        cfg.logging.name = found.name[len(prefix) : len(found.name) - len(suffix)]
+        logging.name = found.name[len(prefix) : len(found.name) - len(suffix)]
         return
-    base, n = cfg.logging.name, 1
-    while cfg.run_dir().exists():  # two runs started in the same second
+    base, n = logging.name, 1
+    while logging.run_folder().exists():  # two runs started in the same second
         n += 1
-        cfg.logging.name = f"{base}-{n}"
+        logging.name = f"{base}-{n}"

@@ -42,7 +42,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cadence.config import RunConfig
+from cadence.observe.config import LoggingConfig
+from cadence.runtime.config import RuntimeConfig
 
 CHILD_ENV = "CADENCE_SUPERVISED"  # set in the child, so it trains instead of supervising again
 RESTARTS_FILE = "restarts.jsonl"
@@ -110,11 +111,12 @@ def _run_child(args: list[str]) -> tuple[int, list[str]]:
         return child.wait(), list(tail)
 
 
-def supervise(cfg: RunConfig, args: list[str], resume: bool) -> int:
-    """Train `cfg` (given to the child as the command-line `args`) until it finishes or has failed
-    `runtime.max_restarts` + 1 times; returns the last child's exit code."""
-    run_dir, rt, url = cfg.run_dir(), cfg.runtime, cfg.logging.webhook_url
-    base = {"run": cfg.logging.name, "run_dir": str(run_dir)}
+def supervise(rt: RuntimeConfig, logging: LoggingConfig, args: list[str], resume: bool) -> int:
+    """Train the run of the command-line `args` in a child until it finishes or has failed
+    `runtime.max_restarts` + 1 times; returns the last child's exit code. `logging` names the
+    run's folder (restarts.jsonl) and the webhook."""
+    run_dir, url = logging.run_folder(), logging.webhook_url
+    base = {"run": logging.name, "run_dir": str(run_dir)}
     restarts = 0
     while True:
         code, tail = _run_child([*args, *(["--resume"] if resume and "--resume" not in args else [])])
