@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cadence.agents.config import AgentConfig
 from cadence.algo.config import AlgorithmConfig
 from cadence.data.config import TaskConfig
 from cadence.envs.config import EnvConfig
@@ -70,6 +71,16 @@ class RunConfig(Section):
     env: EnvConfig | None = Field(
         None, description="An environment: trains the agentic pipeline (episodes instead of task prompts)."
     )
+    agent: AgentConfig | None = Field(
+        None, description="An agent program (python:module:function) trained through an OpenAI-compatible "
+        "endpoint; see docs/agents.md."
+    )
+
+    @model_validator(mode="after")
+    def _agent_or_env(self) -> RunConfig:
+        if self.agent is not None and self.env is not None:
+            raise ValueError("agent and env are both set: an agent run brings its own environment; drop one of them")
+        return self
 
     @model_validator(mode="before")
     @classmethod
