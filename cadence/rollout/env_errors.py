@@ -37,6 +37,10 @@ class EnvironmentFailing(ConfigError):
 class EnvErrorReport:
     """Counts episodes and their failures; reports each new kind once; decides when to stop."""
 
+    # The words of its messages: a subclass reports on something else (cadence/agents: agent runs).
+    what, setting, one, many, key = "environment", "env.name", "an episode", "episodes", "seed"
+    fix = "fix the environment (try it alone: reset(seed), then step)"
+
     def __init__(self, env_name: str, log: Path | None = None, echo: bool = True) -> None:
         self.env_name = env_name
         self.log = log
@@ -50,7 +54,7 @@ class EnvErrorReport:
         if key in self.first:
             return
         self.first[key] = failure
-        text = f"environment {self.env_name}: an episode (seed {seed}) was lost: {key}: {failure.message}\n"
+        text = f"{self.what} {self.env_name}: {self.one} ({self.key} {seed}) was lost: {key}: {failure.message}\n"
         if failure.traceback:
             text += failure.traceback if failure.traceback.endswith("\n") else failure.traceback + "\n"
         if self.echo:
@@ -70,9 +74,9 @@ class EnvErrorReport:
             common = self.kinds.most_common(1)[0][0] if self.kinds else "lost"
             message = self.first[common].message if common in self.first else ""
             raise EnvironmentFailing(
-                f"env.name={self.env_name}: {lost} of {played} episodes were lost and no group completed "
+                f"{self.setting}={self.env_name}: {lost} of {played} {self.many} were lost and no group completed "
                 f"({groups_dropped} dropped); most often {common}: {message}. The first failure of each kind "
-                f"is in {self.log or 'the output above'}; fix the environment (try it alone: reset(seed), then step)"
+                f"is in {self.log or 'the output above'}; {self.fix}"
             )
 
     def too_long(self, tokens: int, max_new_tokens: int, budget: int) -> EnvironmentFailing:
