@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cadence.assemble import ConfiguredRolloutWorker
+from cadence.assemble import ConfiguredRolloutWorker, rollout_workers
 from cadence.config import ConfigError, load_config
 from cadence.data.tasks import Prompt
 from cadence.inference.hub import InferenceHub
@@ -302,7 +302,7 @@ def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alp
     cfg = load_config(
         None, [f"rollout.async_ratio={alpha}", "rollout.engine.backend=mock", "trainer.steps=2", "task.test_size=4"]
     )
-    group = WorkerGroup(cfg, ConfiguredRolloutWorker)
+    group = rollout_workers(cfg)
     try:
         assert group.workers[0].obj.background is (alpha > 0)
     finally:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.config import load_config
 from cadence.runtime import placement
+from cadence.runtime.config import RuntimeConfig
 from cadence.runtime.split import Split, beta_star, measured_split
 
 
@@ -48,8 +48,8 @@ def test_cores_keep_one_for_each_side():
 
 def test_trainer_threads_are_what_the_rollout_workers_leave(monkeypatch):
     monkeypatch.setattr(placement, "cpu_share", lambda: 8)
-    ray = ["runtime.kind=ray", "runtime.rollout_workers=2"]
-    assert placement.trainer_threads(load_config(None, [*ray, "runtime.rollout_cpus=1.5"])) == 8 - 3
-    assert placement.trainer_threads(load_config(None, [*ray, "runtime.rollout_cpus=4"])) == 1  # at least one
-    assert placement.trainer_threads(load_config(None, [*ray, "runtime.threads=3"])) == 3  # asked for
-    assert placement.trainer_threads(load_config(None, [])) == 8  # inline: the generation thread shares them
+    ray = {"kind": "ray", "rollout_workers": 2}
+    assert placement.trainer_threads(RuntimeConfig(**ray, rollout_cpus=1.5)) == 8 - 3
+    assert placement.trainer_threads(RuntimeConfig(**ray, rollout_cpus=4)) == 1  # at least one
+    assert placement.trainer_threads(RuntimeConfig(**ray, threads=3)) == 3  # asked for
+    assert placement.trainer_threads(RuntimeConfig()) == 8  # inline: the generation thread shares them

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from cadence.assemble import ConfiguredRolloutWorker
+from cadence.assemble import rollout_workers
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
-from cadence.models.loading import load_policy, load_tokenizer
+from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.flat_rewards import FlatRewardWatch
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.progress import TrainingBar
@@ -29,13 +29,17 @@ from cadence.observe.run_name import choose_run_name
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
-from cadence.runtime.build import build_rank_trainer, build_trainer
+from cadence.runtime.hosted import RemoteCredit, RemoteCritics
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
+from cadence.train.data_parallel import DataParallel
 from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
+from cadence.train.trainer import PolicyTrainer
 
 
 @dataclass
@@ -95,7 +99,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
     status.start()
     dashboard = start_beside(cfg, run_dir) if cfg.logging.dashboard else None
     try:
-        workers = WorkerGroup(cfg, ConfiguredRolloutWorker)  # engines, rewards and prompts: in-process or Ray actors
+        workers = rollout_workers(cfg)  # engines, rewards and prompts: in-process or Ray actors
         summary = _train(cfg, run_dir, workers, resume, progress)
         status.finish()
         return summary
@@ -114,7 +118,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
 
 
 def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, progress: dict) -> RunSummary:
-    threads = configure_threads(trainer_threads(cfg))
+    threads = configure_threads(trainer_threads(cfg.runtime))
 
     tokenizer = load_tokenizer(cfg.model.path)
     state = _resume_state(run_dir) if resume else None
@@ -266,6 +270,44 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
     write_summary(summary, counters, rollout_metrics)
     return summary
+
+
+def build_trainer(
+    cfg: RunConfig, pad_id: int, weights: dict[str, torch.Tensor] | None = None, dp: DataParallel | None = None
+) -> PolicyTrainer:
+    """The trainer starting from `cfg.model.path`, or from `weights` (a resumed run's); the KL
+    reference is always the starting model."""
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 else None
+    if weights is not None:
+        policy.load_state_dict(weights)
+    critics = None
+    if cfg.runtime.critic_actor:
+        critics = RemoteCritics(
+            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus,
+            cfg.runtime.critic_resources,
+        )
+    elif cfg.algorithm.uses_critics:
+        critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
+    credit = None
+    if cfg.runtime.credit_actor:
+        credit = RemoteCredit(
+            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus,
+            cfg.runtime.critic_resources, max_restarts=cfg.runtime.actor_restarts, run_dir=cfg.run_dir(),
+        )
+    elif cfg.algorithm.credit != "none":
+        credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)
+    return PolicyTrainer(
+        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, pad_id, reference,
+        critics=critics, credit=credit, dp=dp,
+    )
+
+
+def build_rank_trainer(cfg: RunConfig, pad_id: int, checkpoint: str | None, dp: DataParallel) -> PolicyTrainer:
+    """One data-parallel rank's trainer, from the run's checkpoint folder when resuming."""
+    torch.manual_seed(cfg.seed)
+    weights = load_policy(checkpoint, cfg.model.dtype).state_dict() if checkpoint else None
+    return build_trainer(cfg, pad_id, weights, dp)
 
 
 def _check_rewards(workers: WorkerGroup, report: RewardErrorReport, step: int) -> None:

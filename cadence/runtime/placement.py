@@ -14,26 +14,35 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from cadence.config import ConfigError, RunConfig
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.actors import Local, RayActor, Recovery, Remote, call_all
 from cadence.runtime.cluster import check_fit, role_requests, wait_ready
+from cadence.runtime.config import RuntimeConfig
 from cadence.runtime.connect import connect_ray
 from cadence.runtime.threads import cpu_share
+from cadence.yaml_config import ConfigError
 
 
 class WorkerGroup:
-    def __init__(self, cfg: RunConfig, worker: type) -> None:
-        """`worker(cfg, index, workers, threads[, background])` builds one rollout worker
-        (cadence.assemble.ConfiguredRolloutWorker)."""
-        self.cfg = cfg
-        self.kind = cfg.runtime.kind
-        n = cfg.runtime.rollout_workers
-        self.spread = cfg.rollout.replicate_prompts and n > 1 and cfg.env is None  # episodes are never split
+    def __init__(
+        self, worker: Callable[..., RolloutWorker], rt: RuntimeConfig, run_dir: Path, *,
+        background: bool, replicated: bool, trainer_device: str,
+    ) -> None:
+        """`worker(index, workers, threads[, background])` builds one rollout worker (the run's
+        cadence.assemble.ConfiguredRolloutWorker). `background`: an inline worker generates ahead
+        of the trainer in its own thread (rollout.async_ratio > 0; a Ray worker always does).
+        `replicated`: every worker answers every prompt in part (rollout.replicate_prompts; never
+        episodes), so get_batch joins the parts. `trainer_device` is checked to fit beside them."""
+        self.rt = rt
+        self.kind = rt.kind
+        n = rt.rollout_workers
+        self.spread = replicated and n > 1
         # What a restarted worker needs: its last state (taken after each batch it handed
         # out), the version it had then, and the newest weights (an object-store reference).
         self.snapshots: list[dict | None] = [None] * n
@@ -43,29 +52,28 @@ class WorkerGroup:
         self.started = False
         if self.kind == "inline":
             # Synchronous: generation runs in the trainer's thread (see RolloutWorker.background).
-            self.background = cfg.rollout.async_ratio > 0
+            self.background = background
             self.workers: list[Remote[RolloutWorker]] = [
-                Local(worker(cfg, 0, 1, threads=cfg.runtime.threads, background=self.background))
+                Local(worker(0, 1, threads=rt.threads, background=self.background))
             ]
             return
         self.background = True
-        connect_ray(cfg.runtime)
-        rt = cfg.runtime
-        check_fit(rt, trainer_device=cfg.trainer.device)  # one line naming the role that cannot be placed, before anything starts
+        connect_ray(rt)
+        check_fit(rt, trainer_device=trainer_device)  # one line naming the role that cannot be placed, before anything starts
         options = {"num_cpus": rt.rollout_cpus, "num_gpus": rt.rollout_gpus,
                    "resources": rt.rollout_resources or None, "max_concurrency": 4}
         threads = max(1, math.floor(rt.rollout_cpus))
         # One restart budget for the whole group (runtime.actor_restarts), recorded in restarts.jsonl.
-        self.recovery = Recovery("rollout", rt.actor_restarts, cfg.run_dir())
+        self.recovery = Recovery("rollout", rt.actor_restarts, run_dir)
         self.workers = [
-            RayActor(functools.partial(worker, cfg, i, n, threads), options, self.recovery,
+            RayActor(functools.partial(worker, i, n, threads), options, self.recovery,
                      restore=functools.partial(self._restore, i), name=f"rollout worker {i}", entry={"worker": i})
             for i in range(n)
         ]
         self._wait_ready(self.workers)
 
     def _wait_ready(self, workers: list[RayActor]) -> None:
-        rt = self.cfg.runtime
+        rt = self.rt
         wait_ready([w.actor for w in workers], "rollout", role_requests(rt)[0].each, rt.placement_timeout_s)
 
     def _restore(self, i: int, worker: RayActor[RolloutWorker]) -> None:
@@ -178,11 +186,11 @@ def join_parts(parts: list[list[Group]]) -> list[Group]:
     return list(joined.values())
 
 
-def trainer_threads(cfg: RunConfig) -> int:
+def trainer_threads(rt: RuntimeConfig) -> int:
     """torch threads for the trainer process: what the rollout workers leave over."""
-    if cfg.runtime.threads:
-        return cfg.runtime.threads
-    if cfg.runtime.kind == "inline":
+    if rt.threads:
+        return rt.threads
+    if rt.kind == "inline":
         return cpu_share()
-    left = cpu_share() - math.ceil(cfg.runtime.rollout_cpus * cfg.runtime.rollout_workers)
+    left = cpu_share() - math.ceil(rt.rollout_cpus * rt.rollout_workers)
     return max(1, left)

@@ -25,13 +25,12 @@ def local_ray():
 
 @pytest.mark.slow
 def test_dead_worker_comes_back_with_weights_and_prompt_position(local_ray, tmp_path):
-    from cadence.assemble import ConfiguredRolloutWorker
-    from cadence.runtime.placement import WorkerGroup
+    from cadence.assemble import rollout_workers
 
     cfg = load_config(None, [*QUICK_RUN, "trainer.steps=6", "runtime.kind=ray", "runtime.rollout_cpus=1",
                              "rollout.async_ratio=0", "logging.events=false", f"logging.run_dir={tmp_path}"])
     weights = load_policy(cfg.model.path).state_dict()
-    group = WorkerGroup(cfg, ConfiguredRolloutWorker)
+    group = rollout_workers(cfg)
     try:
         group.start()
         seen = [g.prompt_id for g in group.get_batch(0)]
