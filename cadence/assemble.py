@@ -6,6 +6,7 @@ is the one place that reads the whole run config to wire them together.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from cadence.rollout.producer import GroupProducer
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.worker import RolloutWorker, worker_quotas
+from cadence.runtime.placement import WorkerGroup
 from cadence.runtime.threads import configure_threads
 
 # Training prompts are walked in shuffled blocks of this many: fixed, so the data order does
@@ -65,6 +67,15 @@ class ConfiguredRolloutWorker(RolloutWorker):
             # The pipeline view of `cadence dashboard`: spans of generating / waiting / weight_sync.
             timeline=Timeline(cfg.run_dir() if cfg.logging.events else None, f"rollout-{index}"),
         )
+
+
+def rollout_workers(cfg: RunConfig) -> WorkerGroup:
+    """The run's rollout workers, in this process or as Ray actors (runtime.kind)."""
+    return WorkerGroup(
+        functools.partial(ConfiguredRolloutWorker, cfg), cfg.runtime, cfg.run_dir(),
+        background=cfg.rollout.async_ratio > 0, replicated=cfg.rollout.replicate_prompts and cfg.env is None,
+        trainer_device=cfg.trainer.device,
+    )
 
 
 def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int, spread: bool) -> RLVRProducer:
