@@ -20,11 +20,10 @@ import json
 import time
 from pathlib import Path
 
-from cadence.assemble import ConfiguredRolloutWorker
+from cadence.assemble import rollout_workers
 from cadence.config import load_config
 from cadence.models.loading import load_policy
 from cadence.observe.report import write_doc_table
-from cadence.runtime.placement import WorkerGroup
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "async.md"
@@ -54,7 +53,7 @@ def measure(workers: int, seconds: float) -> dict:
             "eval.before=false",
         ],
     )
-    group = WorkerGroup(cfg, ConfiguredRolloutWorker)
+    group = rollout_workers(cfg)
     weights = load_policy(cfg.model.path).state_dict()
     group.start()
     version, samples = 0, 0
