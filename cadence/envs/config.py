@@ -4,6 +4,8 @@ Environment names:
 
 * a built-in (``cadence envs`` lists them): ``frozenlake``, ``sokoban``, ``code``,
   ``gymnasium`` (any gymnasium id), ``textarena`` (any TextArena game, optional extra);
+* a hub's environment, ``<hub>:<id>`` (`cadence.envs.hubs`): ``gem:game:GuessTheNumber-v0-easy``,
+  ``skyrl:gsm8k``, ``openenv:http://HOST:PORT`` (each an optional extra);
 * ``python:pkg.module:Class`` or ``python:/path/to/file.py:Class``: a class with
   ``reset(seed)`` and ``step(action)`` (see `cadence.envs.contract`), built with
   ``env.kwargs``; checked (imported, signature-checked) at load time.
@@ -64,7 +66,8 @@ class EnvConfig(BaseModel):
 
     name: str = Field(
         "frozenlake",
-        description="A built-in environment ('cadence envs' lists them) or "
+        description="A built-in environment ('cadence envs' lists them), a hub's environment "
+        "('gem:ID', 'skyrl:ID', 'openenv:URL|module:Class') or "
         "'python:module:Class' / 'python:/path/file.py:Class'.",
     )
     kwargs: dict[str, Any] = Field(
@@ -124,17 +127,19 @@ class EnvConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
+        from cadence.envs.hubs import HUBS, hub_of
         from cadence.envs.registry import BUILTIN_ENVS, resolve_env_class
 
         if name in BUILTIN_ENVS:
             return name
-        if name.startswith(PYTHON_PREFIX):
+        if name.startswith(PYTHON_PREFIX) or hub_of(name) is not None:
             resolve_env_class(name)  # raises ValueError saying why it is not an environment
             return name
         close = difflib.get_close_matches(name, list(BUILTIN_ENVS), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(
             f"env.name {name!r} is unknown{hint} Built-ins: {', '.join(BUILTIN_ENVS)}; "
+            f"hubs: {', '.join(f'{hub}:ID' for hub in HUBS)}; "
             "or 'python:module:Class' / 'python:/path/file.py:Class'"
         )
 

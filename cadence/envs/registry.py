@@ -10,6 +10,7 @@ import importlib
 import inspect
 
 from cadence.envs.contract import contract_problems
+from cadence.envs.hubs import HUBS, hub_of, resolve_hub_env, version_of
 from cadence.python_spec import PYTHON_PREFIX, load_python_object
 
 # name -> (module:Class, one line for `cadence envs`; its kwargs are read from the class itself)
@@ -51,8 +52,10 @@ def resolve_env_class(name: str) -> type:
     if name in BUILTIN_ENVS:
         module, _, attr = BUILTIN_ENVS[name][0].partition(":")
         return getattr(importlib.import_module(module), attr)
+    if hub_of(name) is not None:
+        return resolve_hub_env(name)
     if not name.startswith(PYTHON_PREFIX):
-        raise ValueError(f"env.name {name!r} is not a built-in or a 'python:' spec")
+        raise ValueError(f"env.name {name!r} is not a built-in, a hub name or a 'python:' spec")
     where = f"env.name {name!r}"
     cls = load_python_object(name, where, kind="class")
     problems = contract_problems(cls)
@@ -98,6 +101,11 @@ def envs_command() -> None:
     typer.echo("built-in environments (env.name=NAME; your own: env.name=python:module:Class):")
     for name, line in describe().items():
         typer.echo(f"  {name:<11} {line}")
+    typer.echo("environment hubs (env.name=HUB:ID):")
+    for prefix, hub in HUBS.items():
+        version = version_of(hub)
+        state = f"{hub.distribution} {version}" if version else f"not installed: {hub.install}"
+        typer.echo(f"  {prefix:<11} {hub.what}; e.g. env.name={hub.example} ({state})")
     typer.echo("wrappers:")
     for name, line in WRAPPERS.items():
         typer.echo(f"  {name:<11} {line}")
