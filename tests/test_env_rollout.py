@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 
 from cadence.envs.runner import EnvRunner
@@ -11,6 +13,7 @@ from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
 from cadence.rollout.env_rollout import EnvRollout
+from cadence.rollout.worker import RolloutWorker
 
 CALLS: dict[str, int] = {}
 
@@ -179,3 +182,67 @@ def test_held_out_evaluation_plays_its_own_seeds_and_counts_pass_at_k():
     assert sorted(RecordsSeeds.seeds) == sorted([10**9 + i for i in range(4)] * 2)
     assert (result.pass_at_1, result.pass_at_k, result.k, result.prompts) == (0.5, 0.5, 2, 4)
     assert result.mean_reward == 0.5
+
+
+class StepsOnCue(TwoTurns):
+    """Each step blocks in the runner's thread until `cue` is set (once inside, `stepping` is set)."""
+
+    cue = threading.Event()
+    stepping = threading.Event()
+
+    def step(self, action: str):
+        self.stepping.set()
+        assert self.cue.wait(30)
+        return super().step(action)
+
+
+class AnswersAsCancelled(EnvRollout):
+    """An EnvRollout whose environments answer in the very loop round their episodes are
+    cancelled: the answers are queued on the loop before the cancellation, not yet run."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runners: list[EnvRunner] = []
+        self.cancelled: list[asyncio.Task] = []
+
+    async def cancel(self) -> None:
+        if self.open:  # the worker's stop (close cancels again, with nothing left)
+            answered = []
+            for runner in self.runners:
+                if runner._in_thread is not None and not runner._in_thread.done():
+                    done = threading.Event()
+                    runner._in_thread.add_done_callback(lambda _, done=done: done.set())  # after the loop's
+                    answered.append(done)
+            StepsOnCue.cue.set()
+            assert answered and all(done.wait(30) for done in answered)
+            self.cancelled = [t for g in self.open.values() for t in g.tasks]
+        await super().cancel()
+
+
+def test_stopping_a_worker_cancels_episodes_whose_environment_answers_at_that_moment(caplog):
+    """stop() ends every episode at once, even one whose environment call returns as it is
+    cancelled (it used to play on into a turn the stopped hub never served, and stop waited on it
+    until the worker's guard gave up)."""
+    StepsOnCue.cue.clear()
+    StepsOnCue.stepping.clear()
+    hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
+                                   eos_id=1, virtual_clock=True)])
+    rollout = AnswersAsCancelled(
+        hub, lambda: EnvRunner(StepsOnCue, action_tag=None, step_timeout_s=30), load_tokenizer("builtin"),
+        SamplingParams(max_new_tokens=8), group_size=2,
+    )
+    make_runner = rollout.make_runner
+    rollout.make_runner = lambda: rollout.runners.append(make_runner()) or rollout.runners[-1]
+    worker = RolloutWorker(rollout, hub, quota=1, alpha=0)
+    try:
+        with caplog.at_level(logging.ERROR, logger="cadence.rollout.worker"):
+            worker.start()
+            assert StepsOnCue.stepping.wait(30)
+            worker.stop()
+        assert rollout.cancelled and all(t.done() for t in rollout.cancelled)
+        assert not caplog.records  # the guard on cancelling was never hit
+        assert rollout.counts["cancelled"] == len(rollout.cancelled) and not worker._tasks
+    finally:
+        StepsOnCue.cue.set()
+        worker.close()
+        StepsOnCue.cue.clear()

@@ -33,15 +33,17 @@ import sysconfig
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from cadence.envs.actions import extract_action, format_hint
 from cadence.envs.contract import EnvDied, check_reset_return, check_step_return
 
 # Frames in these folders are ours or Python's: a failure's traceback starts after them.
 _NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
+
+T = TypeVar("T")
 
 FailureKind = Literal["raised", "timeout", "died"]
 
@@ -150,6 +152,18 @@ def _close_late_env(made: concurrent.futures.Future) -> None:
         _close_quietly(made.result())
 
 
+async def _within(seconds: float, pending: Awaitable[T]) -> T:
+    """`await pending`, or TimeoutError after `seconds`.
+
+    Not `asyncio.wait_for`: on Python 3.11, a wait_for cancelled in the loop round in which
+    its awaitable finished returns the result and drops the cancellation. An episode cancelled
+    just as its environment call returned then played on into its next turn, on a hub that had
+    stopped serving, and the worker's stop waited for it for ever.
+    """
+    async with asyncio.timeout(seconds):
+        return await pending
+
+
 def _user_traceback(exc: BaseException) -> str:
     """The traceback from the first frame outside cadence/envs and the standard library."""
     tb = exc.__traceback__
@@ -211,7 +225,7 @@ class EnvRunner:
             assert self._worker is not None
             self._in_thread = self._worker.submit(fn, *args)
             pending = asyncio.wrap_future(self._in_thread)
-        return await asyncio.wait_for(pending, self.step_timeout_s)
+        return await _within(self.step_timeout_s, pending)
 
     async def _guarded(self, during: str, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) under the timeout; an `EnvFailure` (env discarded) instead of any error."""
@@ -289,11 +303,9 @@ class EnvRunner:
         try:
             if close is not None and worker is not None:
                 if inspect.iscoroutinefunction(close):
-                    await asyncio.wait_for(close(), self.step_timeout_s)
+                    await _within(self.step_timeout_s, close())
                 else:
-                    await asyncio.wait_for(
-                        asyncio.wrap_future(worker.submit(close)), self.step_timeout_s
-                    )
+                    await _within(self.step_timeout_s, asyncio.wrap_future(worker.submit(close)))
         except Exception:  # noqa: S110 - closing is best effort; the env is dropped either way
             pass
         finally:

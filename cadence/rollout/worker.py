@@ -33,6 +33,8 @@ The same class runs in-process (`runtime.kind=inline`) or as a Ray actor.
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import threading
 import time
 import traceback
@@ -50,6 +52,7 @@ from cadence.rollout.sample import Group
 from cadence.yaml_config import ConfigError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class NoTimeline:
@@ -386,14 +389,34 @@ async def _serve_until_stopped(worker: RolloutWorker, ready: threading.Event) ->
         await _cancel_within(worker, CANCEL_WAIT_S)
 
 
-CANCEL_WAIT_S = 10.0  # an episode whose environment ignores cancellation must not hang a stop
+CANCEL_WAIT_S = 10.0  # a guard only: cancelled groups end within a few loop rounds
 
 
 async def _cancel_within(worker: RolloutWorker, seconds: float) -> None:
-    """Cancel what is in flight, waiting at most `seconds` for it to end."""
-    done, _ = await asyncio.wait([asyncio.ensure_future(_cancel(worker))], timeout=seconds)
-    for task in done:
-        task.result()
+    """Cancel what is in flight, waiting at most `seconds` for it to end.
+
+    A cancelled group ends within a few loop rounds. One that does not has dropped its
+    cancellation somewhere (and may wait for a hub that stopped serving): that is a bug, so
+    where each task still stands is logged as an error, and the stop goes on without them.
+    """
+    cancelling = asyncio.ensure_future(_cancel(worker))
+    done, _ = await asyncio.wait([cancelling], timeout=seconds)
+    if cancelling in done:
+        cancelling.result()
+        return
+    here = asyncio.current_task()
+    stuck = [t for t in asyncio.all_tasks() if t is not here and t is not cancelling and not t.done()]
+    log.error(
+        "rollout worker %d: %d task(s) still running %g s after they were cancelled; a coroutine dropped "
+        "its cancellation. Stopping without them. Where they stand:\n%s",
+        worker.index, len(stuck), seconds, "".join(_where(t) for t in stuck),
+    )
+
+
+def _where(task: asyncio.Task) -> str:
+    out = io.StringIO()
+    task.print_stack(file=out)
+    return out.getvalue()
 
 
 async def _cancel(worker: RolloutWorker) -> None:

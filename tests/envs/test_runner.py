@@ -230,3 +230,30 @@ def test_cancelling_a_step_discards_the_env():
         assert isinstance(await runner.reset(0), ResetResult)
 
     run(main())
+
+
+def test_a_step_cancelled_as_its_environment_answers_is_still_cancelled():
+    """The environment's answer and the cancellation land in the same loop round (a worker's
+    stop, a group closing): the step must end cancelled. asyncio.wait_for on Python 3.11 returned
+    the answer instead, and the cancelled episode played on into its next turn."""
+
+    async def main():
+        Counter.gate.clear()
+        runner = EnvRunner(Counter, action_tag=None, step_timeout_s=30)
+        await runner.reset(0)
+        task = asyncio.create_task(runner.step("wait"))
+        while runner._in_thread is None or not runner._in_thread.running():
+            await asyncio.sleep(0.01)
+        answered = threading.Event()
+        runner._in_thread.add_done_callback(lambda _: answered.set())  # runs after the loop was told
+        Counter.gate.set()
+        assert answered.wait(30)  # the answer is queued on the loop, which has not run it yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert runner.env is None  # discarded: its state is unknown
+
+    try:
+        run(main())
+    finally:
+        Counter.gate.clear()
