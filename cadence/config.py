@@ -133,7 +133,7 @@ class RunConfig(Section):
         return self.rollout.prompts_per_step * self.rollout.group_size
 
     def run_dir(self) -> Path:
-        return Path(self.logging.run_dir.format(name=self.logging.name))
+        return self.logging.run_folder()
 
 
 def _chain_answers_fit(data: dict) -> dict:
