@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cadence.config import RunConfig
 from cadence.data.build import build_task
@@ -50,9 +50,12 @@ class ConfiguredRolloutWorker(RolloutWorker):
         hub = InferenceHub([build_engine(ro.engine, policy, tokenizer)], interrupt=ro.interrupt_on_update)
         # Prompt replication over workers: every worker takes every prompt and generates its
         # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
-        spread = ro.replicate_prompts and workers > 1 and cfg.env is None
+        spread = ro.replicate_prompts and workers > 1 and cfg.env is None and cfg.agent is None
         if cfg.env is not None:
             producer: GroupProducer = _episodes(cfg, hub, tokenizer, policy, turns, index, workers)
+            extra = ro.extra_groups
+        elif cfg.agent is not None:
+            producer = _agent_runs(cfg, hub, tokenizer, policy, index, workers)
             extra = ro.extra_groups
         else:
             producer = _rlvr(cfg, hub, tokenizer, index, workers, spread)
@@ -109,9 +112,7 @@ def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index
 
     ro, env = cfg.rollout, cfg.env
     assert env is not None
-    # An episode never grows past the positions the model was built for (a tiny shipped model
-    # knows 1024): the budget is the smaller of the config's and the model's.
-    budget = min(ro.max_context_tokens, getattr(policy.config, "max_position_embeddings", None) or ro.max_context_tokens)
+    budget = _context_budget(cfg, policy)
     stop = list(ro.stop or [])
     kwargs: dict = {}
     if ro.env_mode == "lockstep":
@@ -125,6 +126,52 @@ def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index
         eval_episodes=cfg.eval.episodes, **kwargs,
         errors=EnvErrorReport(env.name, cfg.run_dir() / "env_errors.log"),
     )
+
+
+def _context_budget(cfg: RunConfig, policy) -> int:
+    """An episode never grows past the positions the model was built for (a tiny shipped model
+    knows 1024): the budget is the smaller of the config's and the model's."""
+    ro = cfg.rollout
+    return min(ro.max_context_tokens, getattr(policy.config, "max_position_embeddings", None) or ro.max_context_tokens)
+
+
+def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int, workers: int) -> GroupProducer:
+    """Groups of runs of the user's agent program, talking to the endpoint on this worker's hub
+    (it starts on the hub's loop with the first run; cadence/agents/producer.py)."""
+    from cadence.agents.config import resolve_agent
+    from cadence.agents.endpoint import AgentEndpoint
+    from cadence.agents.producer import AgentErrorReport, AgentProducer
+
+    ro, agent = cfg.rollout, cfg.agent
+    assert agent is not None
+    endpoint = AgentEndpoint(
+        hub, tokenizer, model_name=agent.endpoint.model_name, tool_format=agent.tool_format,
+        max_tokens=ro.max_new_tokens, max_context_tokens=agent.endpoint.max_context_tokens or _context_budget(cfg, policy),
+    )
+    tasks, eval_tasks = agent_tasks(cfg, index, workers)
+    return AgentProducer(
+        endpoint, resolve_agent(agent.name), tasks, ro.group_size, eval_tasks, kwargs=agent.kwargs,
+        timeout_s=agent.timeout_s, max_retries=agent.max_retries,
+        errors=AgentErrorReport(agent.name, cfg.run_dir() / "env_errors.log"),
+    )
+
+
+def agent_tasks(cfg: RunConfig, index: int = 0, workers: int = 1) -> tuple[Sequence, Sequence]:
+    """(training tasks of worker `index`, held-out tasks): rows of the task.* dataset as dicts
+    with its prompt and answer fields, or environment seeds (held-out ones never trained on)."""
+    from cadence.rollout.env_rollout import HELD_OUT_SEED
+
+    assert cfg.agent is not None
+    if cfg.agent.tasks == "seeds":
+        first = 1000 * (cfg.seed + 1) + 10**6 * index
+        return range(first, HELD_OUT_SEED), range(HELD_OUT_SEED, HELD_OUT_SEED + cfg.eval.episodes)
+    task, fields = build_task(cfg.task), (cfg.task.prompt_field, cfg.task.answer_field)
+
+    def rows(prompts: list) -> list[dict]:
+        return [{**p.meta, fields[0]: p.text, fields[1]: p.answer} for p in prompts]
+
+    train = rows(task.prompts("train", PROMPT_BLOCK, cfg.seed))[index::workers]
+    return train, rows(task.prompts("test", cfg.task.test_size, cfg.seed))
 
 
 def _length_sampler(cfg: RunConfig, index: int) -> Callable[[], int] | None:

@@ -1,14 +1,35 @@
 """Agent runs as a `GroupProducer`: a group is `group_size` runs of a user's agent on one task.
 
-    async def run(client: openai.AsyncOpenAI, task) -> float | dict: ...
+    async def run(client: openai.AsyncOpenAI, task, **kwargs) -> float | dict: ...
 
-Each run gets its own key on the `AgentEndpoint` and a client pointed at it;
-whatever the agent asks through that client is recorded token for token, and
-when it returns, its trajectory's samples (one, or several when it rewrote its
-history; see trajectory.py) carry its reward. A dict return carries the reward
-under "reward". A run that raises, or returns without one request through its
-client, is lost: counted, its first traceback kept, the group trains on the
-runs that finished (None when none did).
+Each run gets its own address on the `AgentEndpoint` and a client pointed at
+it; whatever the agent asks through that client is recorded token for token,
+and when it returns, its trajectory's samples (one, or several when it rewrote
+its history; see trajectory.py) carry its reward. A dict return carries the
+reward under "reward".
+
+Lost runs. A run that raises, runs past `timeout_s`, returns no number, or
+returns without one request through its client is lost: counted, and replaced
+by a new run on the same task, up to `max_retries` per group. A group trains on
+the runs that finished (None when none did). As for environments
+(cadence/rollout/env_errors.py), the first failure of each kind is printed
+with its traceback from the agent's code on and kept in `<run>/env_errors.log`,
+and a run whose first groups (nearly) all fail stops with `EnvironmentFailing`
+naming `agent.name` and the cause.
+
+Weighting when a run splits. A run whose agent rewrote its history (or whose
+template re-renders earlier turns) becomes k > 1 samples. The rule:
+
+- each of the k samples carries the run's whole reward (never reward / k), so
+  every piece of the run is pushed in the direction of the run's outcome;
+- every token the engine sampled is in exactly one sample (trajectory.py), so
+  under token-level aggregation (`token-mean`, `seq-mean-token-sum-norm`) a
+  sampled token weighs the same whether or not its run split;
+- a group is the samples of its runs: group statistics (GRPO's mean and std,
+  RLOO's leave-one-out) count samples, so a run split k ways enters its
+  group's baseline k times, and under `seq-mean-*` aggregation it counts as k
+  sequences. Splits are counted (`agent/rewrite`, `agent/rerender`) so a run
+  where they are common shows it.
 
 Each run's client has its own connections (one pool shared by hundreds of runs
 is scanned per request: quadratic) but all share one TLS context: loading one
@@ -18,7 +39,9 @@ per client costs ~100 ms of CPU, on the loop every run shares.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import sysconfig
 import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,16 +51,29 @@ import httpx
 import openai
 
 from cadence.agents.endpoint import AgentEndpoint
+from cadence.agents.trajectory import Trajectory
+from cadence.envs.runner import EnvFailure
+from cadence.rollout.env_errors import EnvErrorReport, EnvironmentFailing
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group, Sample
 
-AgentFn = Callable[[openai.AsyncOpenAI, Any], Awaitable[float | dict]]
+AgentFn = Callable[..., Awaitable[float | dict]]
+
+# Frames in these folders are ours or Python's: a failure's traceback starts after them.
+_NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 class AgentLost(RuntimeError):
     """An agent run that produced nothing to train on."""
+
+
+class AgentErrorReport(EnvErrorReport):
+    """The environment report's counting and stopping rule, worded for agent runs."""
+
+    what, setting, one, many, key = "agent", "agent.name", "a run", "runs", "task"
+    fix = "fix the agent (try it alone against `cadence serve`)"
 
 
 class AgentProducer:
@@ -46,21 +82,27 @@ class AgentProducer:
     needs_running_loop = True  # agents wait on their tools: the loop turns while the trainer trains
 
     def __init__(self, endpoint: AgentEndpoint, agent: AgentFn, tasks: Sequence[Any], group_size: int,
-                 eval_tasks: Sequence[Any] = (), first_key: int = 0) -> None:
+                 eval_tasks: Sequence[Any] = (), first_key: int = 0, kwargs: dict | None = None,
+                 timeout_s: float | None = None, max_retries: int | None = None,
+                 errors: EnvErrorReport | None = None) -> None:
         if not tasks:
             raise ValueError("AgentProducer needs at least one task")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.endpoint = endpoint
         self.agent = agent
-        self.tasks = list(tasks)
-        self.eval_tasks = list(eval_tasks)
+        self.kwargs = dict(kwargs or {})
+        self.tasks = tasks
+        self.eval_tasks = eval_tasks
         self.group_size = group_size
+        self.timeout_s = timeout_s
+        self.max_retries = 2 * group_size if max_retries is None else max_retries
+        self.errors = errors or AgentErrorReport("the agent", echo=False)
         self.next = first_key
         self.version = 0
         self.counts: Counter[str] = Counter()
         self.first_failure: str | None = None
-        self.open: dict[int, tuple[int, list[asyncio.Task]]] = {}  # group id -> (version, its runs)
+        self.open: dict[int, tuple[int, set[asyncio.Task]]] = {}  # group id -> (version, its runs)
         self._tls = ssl.create_default_context()
         self._starting: asyncio.Future | None = None
 
@@ -71,25 +113,46 @@ class AgentProducer:
 
     async def play(self, key: int, group_id: int) -> Group | None:
         """Run `group_size` agents on task `key` (modulo the task list); their samples."""
-        task = self.tasks[key % len(self.tasks)]
-        runs = [asyncio.create_task(self._run(task)) for _ in range(self.group_size)]
+        index = key % len(self.tasks)
+        task = self.tasks[index]
+        runs = {asyncio.ensure_future(self._run(task, index)) for _ in range(self.group_size)}
         self.open[group_id] = (self.version, runs)
+        finished: list[tuple[float, Trajectory]] = []
+        retries = 0
         try:
-            finished = await asyncio.gather(*runs, return_exceptions=True)
+            while runs:
+                done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+                for run in done:
+                    runs.discard(run)
+                    if run.cancelled():
+                        continue
+                    if run.exception() is None:
+                        finished.append(run.result())
+                    elif retries < self.max_retries:  # lost (reported in _run): another try, same task
+                        retries += 1
+                        self.counts["runs_retried"] += 1
+                        runs.add(asyncio.ensure_future(self._run(task, index)))
+                self._check()
         finally:
             self.open.pop(group_id, None)
+            for run in runs:
+                run.cancel()
         samples: list[Sample] = []
-        for outcome in finished:
-            if isinstance(outcome, BaseException):
-                continue  # lost (counted in _run) or cancelled
-            reward, trajectory = outcome
-            samples += trajectory.samples(reward, group_id, f"task-{key % len(self.tasks)}")
+        for reward, trajectory in finished:
+            samples += trajectory.samples(reward, group_id, f"task-{index}")
         self.counts["groups"] += 1
         if not samples:
             self.counts["groups_dropped"] += 1
+            self._check()
             return None
         self.counts["samples"] += len(samples)
         return Group(group_id, samples[0].prompt_id, samples)
+
+    def _check(self) -> None:
+        """Stop the run (EnvironmentFailing, which the worker reports) when nothing completed and
+        (nearly) every run failed."""
+        done = self.counts["groups"] - self.counts["groups_dropped"]
+        self.errors.check(self.counts["runs_played"], done, self.counts["groups_dropped"])
 
     def on_weights(self, version: int, cancel_before: int | None) -> None:
         self.version = version
@@ -103,10 +166,11 @@ class AgentProducer:
         """Held-out success: every eval task `samples` times; a reward >= 1 is a success."""
         if not self.eval_tasks:
             raise ValueError("AgentProducer.evaluate needs eval_tasks")
-        outcomes = await asyncio.gather(*(self._run(t) for t in self.eval_tasks for _ in range(samples)),
-                                        return_exceptions=True)
+        tasks = list(self.eval_tasks)
+        outcomes = await asyncio.gather(*(self._run(t, f"eval {i}") for i, t in enumerate(tasks)
+                                          for _ in range(samples)), return_exceptions=True)
         rewards = [0.0 if isinstance(o, BaseException) else o[0] for o in outcomes]
-        correct = [sum(r >= 1.0 for r in rewards[i * samples:(i + 1) * samples]) for i in range(len(self.eval_tasks))]
+        correct = [sum(r >= 1.0 for r in rewards[i * samples:(i + 1) * samples]) for i in range(len(tasks))]
         return eval_result(correct, samples, rewards)
 
     def metrics(self) -> dict[str, float]:
@@ -129,12 +193,15 @@ class AgentProducer:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+        # The server is a task on the worker's loop: end it while that loop still runs (a later
+        # evaluation starts it again, on a new port).
+        await self.endpoint.stop()
 
     def close(self) -> None:
         pass  # each run closes its own client
 
     # -- one run ------------------------------------------------------------------
-    async def _run(self, task: Any):
+    async def _run(self, task: Any, label: int | str) -> tuple[float, Trajectory]:
         if not self.endpoint.serving:  # start it here: on the loop the hub serves (once)
             if self._starting is None or self._starting.done():
                 self._starting = asyncio.ensure_future(self.endpoint.start())
@@ -144,21 +211,61 @@ class AgentProducer:
         client = openai.AsyncOpenAI(base_url=self.endpoint.run_url(run_id), api_key=run_id, max_retries=0,
                                     http_client=http)
         self.counts["runs"] += 1
+        failure: EnvFailure | None = None
         try:
-            returned = await self.agent(client, task)
-            reward = float(returned["reward"] if isinstance(returned, dict) else returned)
+            returned = await asyncio.wait_for(self.agent(client, task, **self.kwargs), self.timeout_s)
+            reward = _reward(returned)
         except asyncio.CancelledError:
             self.counts["runs_cancelled"] += 1
             raise
-        except Exception:
-            self.counts["runs_lost"] += 1
-            if self.first_failure is None:
-                self.first_failure = traceback.format_exc()
+        except TimeoutError:
+            failure = EnvFailure("timeout", "run", f"run took longer than {self.timeout_s:g} s (agent.timeout_s)")  # type: ignore[arg-type]
+            raise
+        except Exception as exc:
+            failure = EnvFailure("raised", "run", f"run: {type(exc).__name__}: {exc}",  # type: ignore[arg-type]
+                                 traceback=_user_traceback(exc))
             raise
         finally:
             trajectory = self.endpoint.close_run(run_id)
             await http.aclose()
+            if failure is None and trajectory.counts["requests"] == 0 and not self._cancelled():
+                failure = EnvFailure("raised", "run", "run: the agent returned without a request through "  # type: ignore[arg-type]
+                                     "the client it was given (use that client, or its base_url)")
+            if failure is not None:
+                self._lost(failure, label)
         if trajectory.counts["requests"] == 0:
-            self.counts["runs_lost"] += 1
-            raise AgentLost("the agent returned without a request through the client it was given")
+            raise AgentLost(failure.message if failure else "no request")
+        self.counts["runs_played"] += 1
         return reward, trajectory
+
+    def _lost(self, failure: EnvFailure, label: int | str) -> None:
+        self.counts["runs_played"] += 1
+        self.counts["runs_lost"] += 1
+        if self.first_failure is None:
+            self.first_failure = failure.traceback or failure.message
+        self.errors.lost(failure, label)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _cancelled() -> bool:
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+
+def _reward(returned: Any) -> float:
+    """The reward an agent returned: a number, or a dict's "reward"."""
+    value = returned.get("reward") if isinstance(returned, dict) else returned
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"the agent returned {returned!r}: return the reward as a number, or a dict with a "
+                        "numeric 'reward'")
+    return float(value)
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside cadence/agents and the standard library."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_NOT_USER):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+__all__ = ["AgentErrorReport", "AgentLost", "AgentProducer", "EnvironmentFailing"]
