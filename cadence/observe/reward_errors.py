@@ -53,6 +53,12 @@ class RewardErrorReport:
             if self.echo:
                 print(text, file=sys.stderr, flush=True)
 
+    def review(self, report: dict[str, Any], step: int) -> None:
+        """After `step` (0: before training): show new failure kinds, then stop a run whose reward
+        function (nearly) always fails."""
+        self.update(report, step)
+        self.check(report, step)
+
     def check(self, report: dict[str, Any], step: int) -> None:
         """Raise `RewardFunctionError` when (nearly) every response so far failed (early steps only)."""
         if step > CHECK_STEPS:

@@ -63,7 +63,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None
     """The run folder, checked before anything loads: a fresh run never overwrites checkpoints,
     and a resumed one keeps its config unless the changed fields are allowed (then recorded)."""
     choose_run_name(cfg.logging, resume)  # as `cadence train` does (a no-op once it has): a resume keeps its name
-    run_dir = cfg.run_dir()
+    run_dir = cfg.logging.run_folder()
     found = latest_checkpoint(run_dir) if run_dir.exists() else None
     if found and not resume:
         raise ConfigError(
@@ -149,7 +149,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     elif cfg.eval.before:
         eval_before = workers.evaluate(cfg.eval.samples)
         print(f"{held_out_label(cfg.env is not None)} before training: {eval_before.pass_at_1:.3f}")
-        _check_rewards(workers, reward_errors, 0)
+        reward_errors.review(workers.reward_report(), 0)
     progress["step"] = start_step
 
     logger = MetricsLogger(
@@ -228,7 +228,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
             metrics.update({**evaluated.as_metrics(), "time/eval": time.perf_counter() - t_eval})
             eval_after = evaluated if last else None
         if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
-            _check_rewards(workers, reward_errors, step)
+            reward_errors.review(workers.reward_report(), step)
         logger.log(step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
 
@@ -308,13 +308,6 @@ def build_rank_trainer(cfg: RunConfig, pad_id: int, checkpoint: str | None, dp: 
     torch.manual_seed(cfg.seed)
     weights = load_policy(checkpoint, cfg.model.dtype).state_dict() if checkpoint else None
     return build_trainer(cfg, pad_id, weights, dp)
-
-
-def _check_rewards(workers: WorkerGroup, report: RewardErrorReport, step: int) -> None:
-    """Show new kinds of reward failure; stop a run whose reward function (nearly) always fails."""
-    state = workers.reward_report()
-    report.update(state, step)
-    report.check(state, step)
 
 
 def write_summary(summary: RunSummary, counters: dict, rollout: dict) -> Path:
