@@ -174,7 +174,9 @@ class AgentProducer:
         return eval_result(correct, samples, rewards)
 
     def metrics(self) -> dict[str, float]:
-        out = {f"agent/{k}_total": float(v) for k, v in self.counts.items()}
+        names = ("runs", "runs_played", "runs_lost", "runs_retried", "runs_cancelled", "groups", "groups_dropped",
+                 "samples")
+        out = {f"agent/{k}_total": float(self.counts[k]) for k in names}
         return {**out, **self.endpoint.metrics()}
 
     def reward_report(self) -> dict:
