@@ -25,6 +25,8 @@ import time
 from cadence.sandbox.agent_base import (
     CFG,
     apply_limits,
+    become_user,
+    files_as_user,
     high_fds,
     kill_group,
     not_dumpable,
@@ -35,6 +37,7 @@ from cadence.sandbox.agent_base import (
 from cadence.sandbox.agent_sessions import Session, read_status_line, shell_call
 
 MAX_OUTPUT = 1 << 20  # bytes of stdout/stderr kept per call; the rest is drained and dropped
+CODE_ID_ENV = "CADENCE_SANDBOX_CODE_ID"  # a judge's environment: the uid/gid to run user code as
 PROTO_IN = PROTO_OUT = -1
 
 
@@ -57,6 +60,10 @@ def spawn(req: dict) -> tuple[int, int, int, int]:
             _child_setup(in_r, out_w, err_w)
             apply_limits(req["cpu_s"])
             env = dict(CFG["env"], **(req.get("env") or {}))
+            if not req.get("judge"):
+                become_user()
+            elif CFG.get("code_ids") is not None:  # a judge starts the code it judges as the user
+                env[CODE_ID_ENV] = str(CFG["code_ids"])
             if req.get("code") is not None:
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C semantics, as in python3
                 os.environ.clear()
@@ -84,7 +91,8 @@ def sweep(keep: set[int]) -> None:
     """Kill every process of this sandbox but the agent (and `keep`): what a hung or runaway call
     left behind, fork bombs included. Only where every process we can signal is the sandbox's
     (the agent is pid 1 of its PID namespace, or the sandbox has a uid of its own); otherwise a
-    caller kills its child's process group only."""
+    caller kills its child's process group only. In a PID namespace every process is the
+    sandbox's, whatever its uid (user code's, or a judge's at the agent's)."""
     if not CFG["sweep_ok"]:
         return
     # kill(-1) reaches every process we may signal, atomically with respect to fork: after the
@@ -102,8 +110,8 @@ def sweep(keep: set[int]) -> None:
     # gone, so the next call starts with a clean process table and a free process limit.
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        left = [int(n) for n in os.listdir("/proc")
-                if n.isdigit() and int(n) not in keep and int(n) != me and _uid_of(n) == uid]
+        left = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in keep
+                and int(n) != me and (CFG["isolated"] or _uid_of(n) == uid)]
         if not left:
             break
         for pid in left:
@@ -317,6 +325,7 @@ def main() -> None:
     CFG.update(recv(PROTO_IN))  # the host sends the config right after the agent's modules
     if CFG["isolated"]:
         not_dumpable()
+        files_as_user((CFG["workspace"], "/tmp", "/dev/shm"))
         # pid 1 gets only the signals it handles: Python's SIGINT handler would let code inside
         # end the agent (KeyboardInterrupt). Ignored here, restored in every child.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

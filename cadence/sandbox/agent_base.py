@@ -122,23 +122,52 @@ def _print_exc() -> None:
 PR_SET_DUMPABLE = 4
 
 
-def not_dumpable() -> None:
-    """Make this process (and every fork of it that does not exec: sessions, `code` calls, a
-    unit-test harness) non-dumpable: code of the same uid can then neither ptrace it nor open its
-    /proc/PID/mem or /proc/PID/fd (the host pipe). prctl through _ctypes, not ctypes: ctypes
-    imports cost milliseconds of cold start, _ctypes alone a fraction of one."""
+def libc(name: str):
+    """A libc function returning int, through _ctypes, not ctypes: ctypes imports cost
+    milliseconds of cold start, _ctypes alone a fraction of one."""
     import _ctypes
 
     class CInt(_ctypes._SimpleCData):
         _type_ = "i"
 
-    class Prctl(_ctypes.CFuncPtr):
+    class Func(_ctypes.CFuncPtr):
         _flags_ = _ctypes.FUNCFLAG_CDECL
         _restype_ = CInt
 
-    prctl = Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))
-    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    return Func(_ctypes.dlsym(_ctypes.dlopen(None), name))
+
+
+def not_dumpable() -> None:
+    """Make this process (and every fork of it that does not exec: sessions, `code` calls, a
+    unit-test harness) non-dumpable: code of the same uid can then neither ptrace it nor open its
+    /proc/PID/mem or /proc/PID/fd (the host pipe)."""
+    if libc("prctl")(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the agent would be open to ptrace")
+
+
+def files_as_user(paths: tuple[str, ...]) -> None:
+    """Where user code has a uid of its own (CFG["code_ids"]): give it `paths` (its workspace,
+    /tmp, /dev/shm), then do every file access of this process, and of its forks, as that uid
+    (setfsuid): what the host writes or reads in a sandbox is the user's, and a link planted by
+    user code leads nowhere the user could not go itself."""
+    ids = CFG.get("code_ids")
+    if ids is None:
+        return
+    for path in paths:
+        os.chown(path, ids, ids)
+    libc("setfsgid")(ids)
+    libc("setfsuid")(ids)
+    if libc("setfsuid")(-1) != ids:  # setfsuid reports nothing else
+        raise OSError("setfsuid failed: the agent would write the workspace as itself")
+
+
+def become_user() -> None:
+    """Drop this child to user code's uid (where it has one): its capabilities go with uid 0, so
+    it can neither signal, ptrace nor read the /proc of the agent or of a judge."""
+    ids = CFG.get("code_ids")
+    if ids is not None:
+        os.setresgid(ids, ids, ids)
+        os.setresuid(ids, ids, ids)
 
 
 def high_fds(*fds: int) -> list[int]:

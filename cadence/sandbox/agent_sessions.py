@@ -14,6 +14,7 @@ from cadence.sandbox.agent_base import (
     CFG,
     apply_cpu,
     apply_limits,
+    become_user,
     high_fds,
     kill_group,
     recv,
@@ -55,6 +56,7 @@ def session_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
     os.closerange(5, 1 << 16)
     os.chdir(CFG["workspace"])
     apply_limits(None)
+    become_user()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the agent ignores it; code must not
     os.environ.clear()
     os.environ.update(CFG["env"])
@@ -79,6 +81,7 @@ def shell_child(cin_r: int, cout_w: int, out_w: int, err_w: int) -> None:
     os.closerange(4, 1 << 16)
     os.chdir(CFG["workspace"])
     apply_limits(None)
+    become_user()
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"

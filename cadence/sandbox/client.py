@@ -92,9 +92,9 @@ SAFE = {"GET", "DELETE"}
 RETRY_STATUS = {502, 503, 504}
 
 
-def _exec_body(cmd, code, stdin, session, timeout_s, env) -> dict:
+def _exec_body(cmd, code, stdin, session, timeout_s, env, judge) -> dict:
     return ExecRequest(cmd=cmd, code=code, stdin=stdin, session=session, timeout_s=timeout_s,
-                       env=env or {}).model_dump()
+                       env=env or {}, judge=judge).model_dump()
 
 
 class Sandbox:
@@ -170,8 +170,9 @@ class Sandbox:
         return f"{self.url}/v1/sandboxes/{self.id}"
 
     def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, stdin: str = "",
-             session: bool = False, timeout_s: float | None = None, env: dict | None = None) -> ExecResult:
-        body = _exec_body(cmd, code, stdin, session, timeout_s, env)
+             session: bool = False, timeout_s: float | None = None, env: dict | None = None,
+             judge: bool = False) -> ExecResult:
+        body = _exec_body(cmd, code, stdin, session, timeout_s, env, judge)
         return ExecResult(**self._req("POST", f"{self._base}/exec", json=body).json())
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
@@ -278,8 +279,9 @@ class AsyncSandbox:
         return f"{self.url}/v1/sandboxes/{self.id}"
 
     async def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, stdin: str = "",
-                   session: bool = False, timeout_s: float | None = None, env: dict | None = None) -> ExecResult:
-        body = _exec_body(cmd, code, stdin, session, timeout_s, env)
+                   session: bool = False, timeout_s: float | None = None, env: dict | None = None,
+             judge: bool = False) -> ExecResult:
+        body = _exec_body(cmd, code, stdin, session, timeout_s, env, judge)
         return ExecResult(**(await self._req("POST", f"{self._base}/exec", json=body)).json())
 
     async def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:

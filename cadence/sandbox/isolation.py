@@ -8,12 +8,19 @@ private tmpfs workspace and /tmp, its own /proc and a minimal /dev, and nothing 
 host: no home, no project checkout, no host /tmp, no network (new user, PID, IPC, UTS, network
 and cgroup namespaces). It dies with its parent.
 
-When the host runs as root, each sandbox also gets its own unprivileged host uid (bwrap then runs
-unprivileged and maps it to uid 65534 inside). That is what makes RLIMIT_NPROC, which counts all
-processes of a real uid, a per-sandbox process limit, and it means no sandbox can signal another.
-Without root, the processes limit is added on top of what the user already runs. A uid of its
-own cannot read an interpreter under a private folder (a pyenv in /root): such folders are
-staged for bwrap by staging.py, without changing the host's permissions.
+When the host runs as root, each sandbox also gets two unprivileged host uids of its own: one for
+its agent (uid 0 inside, with CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_CHOWN in the sandbox's user
+namespace only) and one for the code it runs (uid 65534 inside, no capabilities). bwrap runs as
+the agent's uid and waits (--userns-block-fd) while this host, as root, writes the two-line uid
+and gid maps bwrap alone could not (a user namespace maps one uid without a privileged helper):
+see write_id_maps. So user code can neither signal, ptrace nor read the /proc of the agent or of
+a judge the agent runs at its own uid (`judge=True` calls), whatever the seccomp filter allows;
+RLIMIT_NPROC, which counts all processes of a real uid, is a per-sandbox process limit, and no
+sandbox can signal another. Without root there is one uid (65534 inside), the processes limit
+comes on top of what the user already runs, and what keeps user code from the agent is the
+filter and non-dumpability. A uid of its own cannot read an interpreter under a private folder
+(a pyenv in /root): such folders are staged for bwrap by staging.py, without changing the
+host's permissions.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from dataclasses import dataclass, field
 from cadence.sandbox import seccomp, staging
 from cadence.sandbox.models import IsolationUnavailable, Limits
 from cadence.sandbox.system_view import system_view
-from cadence.sandbox.template_root import TemplateRoot
+from cadence.sandbox.template_root import MOUNTS_AT, TemplateRoot, mount_ops
 from cadence.sandbox.templates import Template
 
 SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +71,10 @@ VENV_ROOT = "/opt/venv"  # a venv: its pyvenv.cfg and bin/python3 (made here), i
 CODE_ROOT = "/opt/code"  # code a hosted environment needs (one package or one file)
 PYTHON_PACKAGES = ("site", "none")
 UID_RANGE = (2_000_000, 3_000_000)  # host uids handed to sandboxes when the host runs as root
+CODE_ID = 65534  # uid and gid of user code inside (and of everything, without a second uid)
+# What the agent may do in its own user namespace when user code has a uid of its own: drop its
+# children to that uid, signal them, and give them the workspace. Nothing of the host's.
+AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN")
 
 UNISOLATED_WARNING = (
     "WARNING: sandbox started WITHOUT isolation (bubblewrap missing, allow_unisolated=True): "
@@ -76,7 +87,7 @@ class Launch:
     """Everything subprocess.Popen needs to start one sandbox's agent."""
 
     argv: list[str]
-    user: int | None
+    user: int | None  # the agent's host uid (None: this process's)
     isolated: bool
     preamble: bytes  # written to the agent's stdin first: the agent itself (see LOADER)
     config: dict
@@ -85,12 +96,15 @@ class Launch:
     stage: list[str] = field(default_factory=list)  # host paths to stage first (staging.py)
     seccomp: bytes | None = None  # the filter bwrap loads (seccomp.py); argv_with() adds its fd
     root: TemplateRoot | None = None  # a template's copy-on-write root, mounted by the spawner
+    code_uid: int | None = None  # user code's host uid, when it has one of its own (write_id_maps)
 
-    def argv_with(self, seccomp_fd: int | None) -> list[str]:
-        """The argv, with `--seccomp FD` for bwrap when there is a filter to load."""
-        if seccomp_fd is None:
-            return self.argv
-        return [self.argv[0], "--seccomp", str(seccomp_fd), *self.argv[1:]]
+    def argv_with(self, seccomp_fd: int | None, info_fd: int | None = None, block_fd: int | None = None) -> list[str]:
+        """The argv, with `--seccomp FD` for bwrap when there is a filter to load, and with
+        `--info-fd`/`--userns-block-fd` when this host writes the id maps (code_uid)."""
+        extra = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
+        if info_fd is not None and block_fd is not None:
+            extra += ["--info-fd", str(info_fd), "--userns-block-fd", str(block_fd)]
+        return [self.argv[0], *extra, *self.argv[1:]]
 
 
 @dataclass(frozen=True)
@@ -251,8 +265,22 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def _host_uid() -> int | None:
-    return random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
+def _host_uids() -> tuple[int | None, int | None]:
+    """The agent's and user code's host uids: a fresh pair (uid, uid + 1) as root, else none."""
+    if os.geteuid() != 0:
+        return None, None
+    agent = random.randrange(*UID_RANGE) & ~1
+    return agent, agent + 1
+
+
+def write_id_maps(child_pid: int, agent_uid: int, code_uid: int) -> None:
+    """Map the sandbox's two uids (and gids) into bwrap's new user namespace: the agent's host uid
+    to 0 inside, user code's to CODE_ID. Written by this host as root (CAP_SETUID in the parent
+    namespace), while bwrap waits on --userns-block-fd."""
+    lines = f"0 {agent_uid} 1\n{CODE_ID} {code_uid} 1\n"
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{child_pid}/{name}", "w") as f:
+            f.write(lines)
 
 
 def _nproc_base(uid: int | None) -> int:
@@ -291,6 +319,24 @@ def _unisolated_runtime(rt: Runtime, python: str | None, switching_uid: bool) ->
         f"private); give python={SYSTEM_PYTHON} or a readable interpreter, or install bubblewrap")
 
 
+def _open_parents(argv: list[str]) -> list[str]:
+    """bwrap makes the missing parent folders of a mount point (/etc for /etc/ld.so.cache, /opt
+    for /opt/python) mode 0700, owned by its uid inside: user code under a uid of its own could
+    not walk through them. So each is made first, 0755 (`--perms 0755 --dir`)."""
+    start = argv.index("--clearenv") + 1
+    places = [args[MOUNTS_AT[opt]] for opt, args in mount_ops(argv, start)]
+    parents: list[str] = []
+    for place in places:
+        parts = place.strip("/").split("/")
+        for k in range(1, len(parts)):
+            parent = "/" + "/".join(parts[:k])
+            inside_a_mount = any(parent == p or parent.startswith(p.rstrip("/") + "/") for p in places)
+            if not inside_a_mount and parent not in parents:
+                parents.append(parent)
+    made = [arg for parent in parents for arg in ("--perms", "0755", "--dir", parent)]
+    return argv[:start] + made + argv[start:]
+
+
 def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = False,
            python_packages: str = "site", mounts: tuple[Mount, ...] = (), dev_tools: bool = False,
            template: Template | None = None) -> Launch:
@@ -300,7 +346,7 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
     with its own system runs its own python3 and shows nothing of the host's /usr."""
     if python_packages not in PYTHON_PACKAGES:
         raise ValueError(f"python_packages={python_packages!r}: use one of {PYTHON_PACKAGES}")
-    uid = _host_uid()
+    uid, code_uid = _host_uids()
     rt = python_runtime(python)
     bwrap = bwrap_path()
     if bwrap is None and not allow_unisolated:
@@ -338,18 +384,26 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         ws = tempfile.mkdtemp(prefix="cadence-sandbox-")
         if uid is not None:
             os.chown(ws, uid, uid)
-        cfg.update(workspace=ws, sweep_ok=uid is not None, isolated=False)
+        cfg.update(workspace=ws, sweep_ok=uid is not None, isolated=False, code_ids=None)
         cfg["env"].update(HOME=ws)
         argv = [rt.executable, *loader]
         return Launch(argv, uid, isolated=False, preamble=agent, config=cfg, workspace_host=ws)
-    cfg.update(workspace=WORKSPACE, sweep_ok=True, isolated=True)
+    # With a uid for user code, the agent is uid 0 inside (its children drop to CODE_ID); else
+    # everything runs as CODE_ID.
+    cfg.update(workspace=WORKSPACE, sweep_ok=True, isolated=True, code_ids=None if code_uid is None else CODE_ID)
     cfg["env"].update(HOME=WORKSPACE)
     size = str(limits.disk_mb << 20)
+    agent_id = CODE_ID if code_uid is None else 0
     argv = [
         bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1",
-        "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv",
+        "--uid", str(agent_id), "--gid", str(agent_id), "--hostname", "sandbox", "--clearenv",
     ]
-    root = TemplateRoot.for_sandbox(template, limits.disk_mb, uid) if template is not None else None
+    if code_uid is not None:
+        for cap in AGENT_CAPS:
+            argv += ["--cap-add", cap]
+    # The root folder of a template belongs to whoever writes there: user code.
+    root = (TemplateRoot.for_sandbox(template, limits.disk_mb, code_uid if code_uid is not None else uid)
+            if template is not None else None)
     if root is not None:
         argv += ["--bind", root.merged, "/"]  # first: everything below mounts over it
     if not own:
@@ -372,8 +426,11 @@ def launch(limits: Limits, python: str | None = None, allow_unisolated: bool = F
         "--chdir", WORKSPACE,
         view.executable, *loader,
     ]
+    if root is None:
+        argv = _open_parents(argv)
     prog = seccomp.program()
     if prog is None:
         raise IsolationUnavailable(f"no seccomp syscall table for {platform.machine()} "
                                    f"(known: {sorted(seccomp.TABLES)}); add one to cadence/sandbox/seccomp.py")
-    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage, seccomp=prog, root=root)
+    return Launch(argv, uid, isolated=True, preamble=agent, config=cfg, stage=stage, seccomp=prog, root=root,
+                  code_uid=code_uid)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Upper bounds of every numeric field a client may send: finite (no inf/nan), and small enough
 # that the host's arithmetic on them (deadlines, byte counts, rlimits) cannot overflow.
@@ -45,6 +45,16 @@ class ExecRequest(BaseModel):
     session: bool = False
     timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall clock; default the sandbox's wall_s")
     env: dict[str, str] = Field(default_factory=dict)
+    judge: bool = Field(False, description=(
+        "run this one-shot call at the agent's uid, not user code's: for a harness that judges user "
+        "code it starts itself (as the user: the uid in $CADENCE_SANDBOX_CODE_ID, where the sandbox has "
+        "one of its own), which then cannot signal, ptrace or read it. Never for user code"))
+
+    @model_validator(mode="after")
+    def _judge_one_shot(self) -> ExecRequest:
+        if self.judge and self.session:
+            raise ValueError("judge=True runs a one-shot call; a session is always user code's (drop session)")
+        return self
 
 
 class ExecResult(BaseModel):

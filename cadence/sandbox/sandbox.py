@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from cadence.sandbox import seccomp, staging, templates
 from cadence.sandbox.cgroup import SandboxCgroup
-from cadence.sandbox.isolation import Mount, launch
+from cadence.sandbox.isolation import Mount, launch, write_id_maps
 from cadence.sandbox.models import (
     ExecRequest,
     ExecResult,
@@ -128,16 +128,23 @@ class LocalSandbox:
         kw = {"user": spec.user, "group": spec.user, "extra_groups": []} if spec.user is not None else {}
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: nobody must drain it
         filter_fd = seccomp.program_fd(spec.seccomp) if spec.seccomp is not None else None
+        # With a uid for user code, bwrap reports its child's pid on one pipe and waits on the
+        # other until this host has written the id maps (isolation.write_id_maps).
+        info_r, info_w = os.pipe() if spec.code_uid is not None else (None, None)
+        block_r, block_w = os.pipe() if spec.code_uid is not None else (None, None)
+        passed = tuple(fd for fd in (filter_fd, info_w, block_r) if fd is not None)
         try:
             self.proc = _SPAWNER.submit(
                 _popen, BACKGROUND_NICE if background and os.geteuid() == 0 else 0, spec.stage,
-                spec.argv_with(filter_fd), root=spec.root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                start_new_session=True, close_fds=True, cwd=spec.workspace_host or "/",
-                pass_fds=() if filter_fd is None else (filter_fd,), **kw,
+                spec.argv_with(filter_fd, info_w, block_r), root=spec.root, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._err, start_new_session=True, close_fds=True,
+                cwd=spec.workspace_host or "/", pass_fds=passed, **kw,
             ).result()
         finally:
-            if filter_fd is not None:
-                os.close(filter_fd)
+            for fd in passed:
+                os.close(fd)
+        if spec.code_uid is not None:
+            self._map_ids(info_r, block_w, spec.user, spec.code_uid)
         # Into its cgroup before the agent has its source, so before anything in it can fork.
         # Named per process, not per sandbox id: a replacement under the same id must never share
         # a cgroup with its predecessor, whose removal kills what is inside.
@@ -166,6 +173,21 @@ class LocalSandbox:
         self.started_at = time.time()
         self.start_s = time.perf_counter() - t0
         return self
+
+    def _map_ids(self, info_r: int, block_w: int, agent_uid: int, code_uid: int) -> None:
+        """Read bwrap's child pid from its info pipe, write its id maps, and let it go on. A
+        sandbox whose maps could not be written is stopped before anything runs in it."""
+        try:
+            with os.fdopen(info_r, "rb") as f:
+                info = f.read()  # bwrap closes it once written (or exits)
+            write_id_maps(json.loads(info)["child-pid"], agent_uid, code_uid)
+            os.write(block_w, b"1")
+        except (OSError, ValueError, KeyError) as e:
+            err = self._stderr_tail()
+            self.stop()
+            raise IsolationUnavailable(f"bubblewrap could not start a sandbox: {err or e}") from e
+        finally:
+            os.close(block_w)
 
     @property
     def alive(self) -> bool:
@@ -229,7 +251,7 @@ class LocalSandbox:
         ooms = cgroup.oom_kills() if cgroup is not None else 0
         resp = self._call({
             "op": "exec", "cmd": request.cmd, "code": request.code, "stdin": request.stdin,
-            "session": request.session, "env": request.env, "timeout": timeout,
+            "session": request.session, "env": request.env, "timeout": timeout, "judge": request.judge,
             "cpu_s": min(self.limits.cpu_s, timeout + 1),
         }, timeout, grace=grace_s)
         if resp["limit"] is None and cgroup is not None and cgroup.oom_kills() > ooms:

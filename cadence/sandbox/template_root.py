@@ -34,7 +34,8 @@ MOUNTS_AT = {"--bind": 1, "--ro-bind": 1, "--dev-bind": 1, "--bind-try": 1, "--r
              "--symlink": 1, "--tmpfs": 0, "--proc": 0, "--dev": 0, "--dir": 0, "--mqueue": 0}
 ARGS = {**{k: 2 if v else 1 for k, v in MOUNTS_AT.items()}, "--setenv": 2, "--size": 1, "--uid": 1, "--gid": 1,
         "--hostname": 1, "--seccomp": 1, "--perms": 1, "--unsetenv": 1, "--chdir": 1, "--remount-ro": 1,
-        "--chmod": 2, "--file": 2, "--bind-data": 2, "--ro-bind-data": 2, "--add-seccomp-fd": 1}
+        "--chmod": 2, "--file": 2, "--bind-data": 2, "--ro-bind-data": 2, "--add-seccomp-fd": 1,
+        "--cap-add": 1, "--info-fd": 1, "--userns-block-fd": 1}
 
 
 @dataclass
@@ -95,13 +96,7 @@ def make_mount_points(merged: str, argv: list[str]) -> None:
     (bwrap runs as the sandbox's uid, which cannot create them in the template's folders). A place
     under an earlier mount is inside that mount (bwrap's), not in the template's root."""
     covered: list[str] = []
-    i = argv.index("/") + 1  # after `--bind MERGED /`
-    while i < len(argv) and argv[i].startswith("--"):
-        opt, n = argv[i], ARGS.get(argv[i], 0)
-        args = argv[i + 1:i + 1 + n]
-        i += 1 + n
-        if opt not in MOUNTS_AT:
-            continue
+    for opt, args in mount_ops(argv, argv.index("/") + 1):  # after `--bind MERGED /`
         inside = args[MOUNTS_AT[opt]]
         if any(inside == c or inside.startswith(c.rstrip("/") + "/") for c in covered):
             continue
@@ -116,6 +111,18 @@ def make_mount_points(merged: str, argv: list[str]) -> None:
             os.close(os.open(host, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
         else:
             os.mkdir(host, 0o755)
+
+
+def mount_ops(argv: list[str], start: int) -> list[tuple[str, list[str]]]:
+    """The bwrap options from argv[start] on that mount something, with their arguments (the
+    place inside is args[MOUNTS_AT[opt]]), in order, up to the command."""
+    ops, i = [], start
+    while i < len(argv) and argv[i].startswith("--"):
+        opt, n = argv[i], ARGS.get(argv[i], 0)
+        if opt in MOUNTS_AT:
+            ops.append((opt, argv[i + 1:i + 1 + n]))
+        i += 1 + n
+    return ops
 
 
 def _no_links_to(merged: str, inside: str) -> str:
