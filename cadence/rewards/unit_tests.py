@@ -15,14 +15,16 @@ response when it has none. Score (`scoring`):
 Where it runs: a fresh sandbox per response (cadence.sandbox: no network, no host files,
 rlimits, a seccomp filter and, where available, a memory cgroup), on a sandbox service when
 `url` is set (a warm sandbox from its pool: milliseconds) or a local bubblewrap sandbox
-otherwise. Inside, a judge (unit_tests_harness.py) runs each test itself and the solution in a
-fresh interpreter per test that only answers its questions ("call add(2, 3)") with plain data of
-exact built-in types; the judge compares, so an always-equal object, an early exit, patched
-builtins or a printed verdict fail the test. The tests and the per-call nonce never enter the
-solution's process (there is no tests file), and the host counts the judge's verdict line only
-when it carries that nonce and the call exited 0 within its limits: model code can spoil a run
-(by killing the judge: the response then scores 0.0), never forge one. See docs/sandbox.md,
-"Reward hacks and the defence that stops each".
+otherwise. Inside, a judge (unit_tests_harness.py, at the sandbox agent's uid) runs each test
+itself and the solution as user code (its own uid, where the host is root), in a fresh process
+per test (forked from one interpreter per call) that only answers its questions ("call add(2,
+3)") with plain data of exact built-in types; the judge compares, so an always-equal object, an
+early exit, patched builtins or a printed verdict fail the test, and a test that runs out of
+time scores the whole solution 0. The tests and the per-call nonce never enter the solution's
+process (there is no tests file), and the host counts the judge's verdict line only when it
+carries that nonce and the call exited 0 within its limits: model code can at most spoil a run
+(where it shares the judge's uid: the response then scores 0.0), never forge one. See
+docs/sandbox.md, "Reward hacks and the defence that stops each".
 """
 
 from __future__ import annotations
@@ -147,15 +149,20 @@ class UnitTestReward:
 
 
 def passed_tests(sb: Any, solution: str, tests: list[str], test_timeout_s: float, wall_s: float) -> int:
-    """Run the judge in sandbox `sb` (local or a service's) and read its verdict: only a line
-    carrying this call's nonce, from a judge that exited 0 within its limits, counts."""
+    """Run the judge in sandbox `sb` (local or a service's) at the agent's uid (`judge=True`: the
+    solution runs as user code, which cannot reach it) and read its verdict: only a line carrying
+    this call's nonce, from a judge that exited 0 within its limits, counts. A test that ran out
+    of time makes it 0 passed: time spent never buys a partial result (a judge's "time limit
+    exceeded" for the whole solution)."""
     nonce = secrets.token_hex(16)
     params = json.dumps({"tests": tests, "solution": solution, "timeout_s": test_timeout_s, "nonce": nonce})
-    r = sb.exec(code=f"PARAMS = {params!r}\n{HARNESS}", timeout_s=wall_s)
+    r = sb.exec(code=f"PARAMS = {params!r}\n{HARNESS}", timeout_s=wall_s, judge=True)
     lines = r.stdout.splitlines()
     verdict = lines[-1].split(" ") if lines else []
-    if (r.limit is not None or r.exit_code != 0 or len(verdict) != 2 or verdict[0] != nonce
-            or not verdict[1].isdigit() or int(verdict[1]) > len(tests)):
-        # The judge was killed (by model code, or a limit): nothing it counted can be trusted.
+    if (r.limit is not None or r.exit_code != 0 or len(verdict) != 3 or verdict[0] != nonce
+            or not all(v.isdigit() for v in verdict[1:]) or int(verdict[1]) + int(verdict[2]) > len(tests)):
+        # The judge was killed (by a limit, or by model code where it shares the judge's uid):
+        # nothing it counted can be trusted.
         raise RuntimeError(f"unit-test harness failed: exit {r.exit_code}, limit {r.limit}, {r.stderr[-200:]!r}")
-    return int(verdict[1])
+    passed, timed_out = int(verdict[1]), int(verdict[2])
+    return 0 if timed_out else passed

@@ -1,26 +1,34 @@
-"""The unit-test judge: runs inside the sandbox as one `code` call; never runs model code itself.
+"""The unit-test judge: runs inside the sandbox as one `judge=True` call (at the sandbox agent's
+uid where user code has one of its own); never runs model code itself.
 
 Sent as source by cadence/rewards/unit_tests.py with `PARAMS` (JSON: the tests, the solution,
 the per-test timeout and the call's nonce) defined in front of it. Standard library only.
 
-For each test, a fresh interpreter (the *worker*: exec'd, so it holds none of this process's
-memory: no tests, no nonce) runs the solution and then only answers questions: "what is the
-name `add`", "call handle 3 with (2, 3)", "attribute `push` of handle 5", "the items of handle
-7". The test itself runs here, in the judge, with every name it does not define itself (and that
-is not a builtin) looked up in the worker. Answers cross as plain data of exact built-in types
-(None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset); anything else
-stays in the worker behind a `Handle`, which can be called, indexed, iterated, measured (len) and
-asked for attributes, but refuses to compare, hash or be truthy. So:
+The solution runs in *workers*, as user code (the uid in $CADENCE_SANDBOX_CODE_ID: it can neither
+signal, ptrace nor read the /proc of this process). One *zygote* per call, a fresh interpreter
+(exec'd, so it holds none of this process's memory: no tests, no nonce), forks a worker per test
+(a fresh process per test, without an interpreter start-up per test). A worker runs the solution
+and then only answers questions: "what is the name `add`", "call handle 3 with (2, 3)",
+"attribute `push` of handle 5", "the items of handle 7". The test itself runs here, in the judge,
+with every name it does not define itself (and that is not a builtin) looked up in the worker.
+Answers cross as plain data of exact built-in types (None, bool, int, float, complex, str, bytes,
+list, tuple, dict, set, frozenset); anything else stays in the worker behind a `Handle`, which
+can be called, indexed, iterated, measured (len) and asked for attributes, but refuses to
+compare, hash or be truthy. So:
 
 * comparisons (`==`, `<`, `in`, truthiness) are always between built-in values, with built-in
   semantics: an object whose `__eq__` says yes to everything stays a Handle and fails the test;
 * the expected values never enter the worker, which sees only the arguments of its calls;
 * the worker can lie only about what the solution computed, which is what a solution does;
-  exiting, raising SystemExit or KeyboardInterrupt, patching builtins, unittest or pytest, or
-  printing, all happen in the worker and fail the test at most;
-* the verdict is printed by this process only, on its own stdout (the worker's goes to
-  /dev/null and it holds no fd of ours), as `<nonce> <passed>`: the host trusts that line only,
-  with the nonce it made for this call, and only when the call exited 0 within its limits.
+  exiting, raising SystemExit or KeyboardInterrupt, patching builtins, unittest or pytest,
+  printing, or killing its zygote all happen on the user's side and fail a test at most;
+* a test that runs out of time (the solution did not answer, or the test did not end, within
+  test_timeout_s) is counted: the host then scores the whole solution 0, as a judge's "time
+  limit exceeded" (time spent must never buy a partial result);
+* the verdict is printed by this process only, on its own stdout (workers' output goes to
+  /dev/null and they hold no fd of ours), as `<nonce> <passed> <timed out>`: the host trusts
+  that line only, with the nonce it made for this call, and only when the call exited 0 within
+  its limits.
 """
 
 import builtins
@@ -28,8 +36,8 @@ import json
 import os
 import select
 import signal
+import socket
 import struct
-import subprocess
 import sys
 import time
 
@@ -90,8 +98,7 @@ exec(CODEC, _codec)
 encode, decode = _codec["encode"], _codec["decode"]
 
 WORKER_MAIN = r'''
-import json, os, sys
-RFD, WFD = int(sys.argv[1]), int(sys.argv[2])
+import json, os, signal, socket, sys
 
 def read():
     head = b""
@@ -145,32 +152,68 @@ def answer(req):
     raise ValueError(op)
 
 MISSING = object()
-boot = read()
-sys.path[:] = boot["path"]
-NS = {"__name__": "__main__"}
-try:
-    exec(compile(boot["solution"], "solution.py", "exec"), NS)
-except BaseException as e:
-    write(["raise", builtin_base(type(e)), str(e)[:300]])
-    os._exit(1)
-write(["ok"])
-while True:
-    req = read()
+
+def serve():
+    # One test's worker: runs the solution, then answers the judge until it hangs up.
+    global NS
+    boot = read()
+    sys.path[:] = boot["path"]
+    NS = {"__name__": "__main__"}
     try:
-        value = answer(req)
-        if value is MISSING:
-            write(["missing"])
-        else:
-            write(["value", [encode(x, keep) for x in value] if req[0] == "iter" else encode(value, keep)])
+        exec(compile(boot["solution"], "solution.py", "exec"), NS)
     except BaseException as e:
         write(["raise", builtin_base(type(e)), str(e)[:300]])
+        os._exit(1)
+    write(["ok"])
+    while True:
+        req = read()
+        try:
+            value = answer(req)
+            if value is MISSING:
+                write(["missing"])
+            else:
+                write(["value", [encode(x, keep) for x in value] if req[0] == "iter" else encode(value, keep)])
+        except BaseException as e:
+            write(["raise", builtin_base(type(e)), str(e)[:300]])
+
+# The zygote: for each b"f" on its control socket (fd 3), with a test's two pipe ends, a forked
+# worker (its own session); the worker's pid goes back.
+CTL = socket.socket(fileno=3)
+CTL.sendall(b"r")
+while True:
+    try:
+        msg, fds, _, _ = socket.recv_fds(CTL, 1, 2)
+    except OSError:
+        os._exit(0)
+    if not msg or len(fds) != 2:
+        os._exit(0)
+    pid = os.fork()
+    if pid == 0:
+        CTL.close()
+        os.setsid()
+        RFD, WFD = fds
+        serve()
+        os._exit(0)
+    for fd in fds:
+        os.close(fd)
+    CTL.sendall(pid.to_bytes(4, "big"))
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:  # the workers of the tests before, killed by the judge
+            pass
+    except ChildProcessError:
+        pass
 '''
 
-WORKER = CODEC + WORKER_MAIN
+ZYGOTE = CODEC + WORKER_MAIN
+CODE_ID = os.environ.get("CADENCE_SANDBOX_CODE_ID")  # user code's uid and gid; unset: ours
 
 
 class Abort(BaseException):
     """The worker died, hung or exited: the test fails (never caught by a test's `except`)."""
+
+
+class TimedOut(Abort):
+    """The solution (or its zygote) did not answer within the test's time."""
 
 
 class NotPlain(TypeError):
@@ -178,20 +221,92 @@ class NotPlain(TypeError):
 
 
 class TestTimeout(BaseException):
-    """A test of the judge's own ran past test_timeout_s (SIGALRM)."""
+    """A test ran past test_timeout_s (SIGALRM): in its own code, or waiting in a system call."""
+
+
+def start_as_user(ctl: int) -> int:
+    """Fork and exec the zygote as user code (CODE_ID, where it has a uid of its own), holding
+    nothing of ours but `ctl` (as its fd 3); its own session, so it can be killed with its own."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(ctl, 3)  # over the verdict's fd, if it was 3: the child must not hold it
+            os.set_inheritable(3, True)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(4, 1 << 16)
+            os.setsid()
+            if CODE_ID is not None:
+                ids = int(CODE_ID)
+                os.setgroups([])
+                os.setresgid(ids, ids, ids)
+                os.setresuid(ids, ids, ids)  # from uid 0 inside: every capability goes with it
+            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", ZYGOTE])
+        finally:
+            os._exit(127)
+    return pid
+
+
+class Zygote:
+    """A fresh interpreter of the user's (exec'd: none of our memory) that forks a worker per
+    test: a fresh process per test, without an interpreter start-up per test."""
+
+    def __init__(self, deadline: float) -> None:
+        self.ctl, theirs = socket.socketpair()
+        try:
+            self.pid = start_as_user(theirs.fileno())
+        finally:
+            theirs.close()
+        if self._recv(1, deadline) != b"r":
+            raise Abort("the zygote did not start")
+
+    def fork(self, deadline: float) -> "Worker":
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        try:
+            socket.send_fds(self.ctl, [b"f"], [to_r, from_w])
+            pid = int.from_bytes(self._recv(4, deadline), "big")
+        except BaseException:
+            os.close(to_w)
+            os.close(from_r)
+            raise
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+        return Worker(pid, to_w, from_r, deadline)
+
+    def _recv(self, n: int, deadline: float) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimedOut("the zygote did not answer in time")
+            if not select.select([self.ctl], [], [], left)[0]:
+                continue
+            chunk = self.ctl.recv(n - len(buf))
+            if not chunk:
+                raise Abort("the zygote is gone")
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        self.ctl.close()
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
 
 
 class Worker:
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        to_r, self.to_w = os.pipe()
-        self.from_r, from_w = os.pipe()
-        null = subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WORKER, str(to_r), str(from_w)],
-            stdin=null, stdout=null, stderr=null, pass_fds=(to_r, from_w), start_new_session=True)
-        os.close(to_r)
-        os.close(from_w)
+    """One test's process of the solution (a fork of the zygote): asked, it answers."""
+
+    def __init__(self, pid: int, to_w: int, from_r: int, deadline: float) -> None:
+        self.pid, self.to_w, self.from_r, self.deadline = pid, to_w, from_r, deadline
 
     def ask(self, req: list | dict) -> list:
         data = json.dumps(req).encode()
@@ -212,7 +327,7 @@ class Worker:
         while len(buf) < n:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise Abort("the solution did not answer in time")
+                raise TimedOut("the solution did not answer in time")
             if not select.select([self.from_r], [], [], left)[0]:
                 continue
             chunk = os.read(self.from_r, n - len(buf))
@@ -225,10 +340,9 @@ class Worker:
         for fd in (self.to_w, self.from_r):
             os.close(fd)
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)  # the worker and what it started in its session
         except OSError:
             pass
-        self.proc.wait()
 
 
 class Handle:
@@ -322,25 +436,45 @@ def on_alarm(signum, frame):
     raise TestTimeout()
 
 
-def run_test(test: str, index: int, timeout_s: float) -> bool:
+PASS, FAIL, TIMEOUT = "pass", "fail", "timeout"
+ZYGOTES: list[Zygote] = []  # the call's zygote (none yet, or replaced after it broke)
+
+
+def worker_for(deadline: float) -> Worker:
+    """A fresh worker from the zygote. A zygote that is gone or stuck (the solution of an earlier
+    test killed or stopped it: it is the user's) is replaced, once."""
+    for attempt in (0, 1):
+        if not ZYGOTES:
+            ZYGOTES.append(Zygote(deadline))
+        try:
+            return ZYGOTES[0].fork(deadline)
+        except (Abort, OSError):
+            ZYGOTES.pop().close()
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def run_test(test: str, index: int, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
-    try:
-        worker = Worker(deadline)
-    except OSError:  # no process left to start (the solution's leftovers fill the limit): a failure
-        return False
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)  # a test of its own that loops
+    worker = None
     try:
+        worker = worker_for(deadline)
         if worker.ask({"path": sys.path, "solution": P["solution"]})[0] != "ok":
-            return False  # the solution itself failed (raised, exited)
+            return FAIL  # the solution itself failed (raised, exited)
         exec(compile(test, f"test_{index}", "exec"), Names(worker))
-        return True
-    except BaseException:
-        return False
+        return PASS
+    except (TimedOut, TestTimeout):
+        return TIMEOUT
+    except BaseException:  # a failed assert, an error, a worker that exited or could not start
+        return FAIL
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_IGN)
-        worker.close()
+        if worker is not None:
+            worker.close()
 
 
 def main() -> None:
@@ -348,8 +482,10 @@ def main() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
-    passed = sum(run_test(test, i, P["timeout_s"]) for i, test in enumerate(P["tests"]))
-    os.write(verdict, f"{P['nonce']} {passed}\n".encode())
+    results = [run_test(test, i, P["timeout_s"]) for i, test in enumerate(P["tests"])]
+    for zygote in ZYGOTES:
+        zygote.close()
+    os.write(verdict, f"{P['nonce']} {results.count(PASS)} {results.count(TIMEOUT)}\n".encode())
     os._exit(0)
 
 

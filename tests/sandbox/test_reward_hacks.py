@@ -113,15 +113,17 @@ HACKS = {
         "import os, signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):\n    try:\n        os.kill(os.getppid(), s)\n"
         "    except OSError:\n        pass\nos.kill(os.getppid(), signal.SIGSTOP)\n"),
     "kill everything it can (kill -9 -1)": "import os\nos.kill(-1, 9)\n",
+    "stop and kill every ancestor (the judge, the agent)": (
+        "import os, signal\npid = os.getpid()\nwhile pid > 1:\n"
+        "    pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
+        "    for sig in (signal.SIGSTOP, signal.SIGKILL):\n        try:\n            os.kill(pid, sig)\n"
+        "        except OSError:\n            pass\ndef add(a, b):\n    return None\n"),
     "forge the reply frame (ptrace, /proc/*/fd)": FORGE_FRAME,
     "exhaust time so a partial result counts": (
         "import os, time\ndef add(a, b):\n    if (a, b) != (2, 3):\n        time.sleep(1000)\n    return 5\n"),
     "stall everything in the background": (
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os.kill(-1, 19)\n    os._exit(0)\ndef add(a, b):\n    return None\n"),
 }
-# Hacks that leave one honest answer behind score that share, not 0: the judge counts what was
-# really computed (here add(2, 3) == 5: 1 of 5 tests).
-EARNED = {"exhaust time so a partial result counts": 1 / len(TESTS)}
 
 
 def reward(**kw) -> UnitTestReward:
@@ -153,14 +155,14 @@ def test_an_honest_solution_scores_one_everywhere(service, monkeypatch):
 
 @pytest.mark.parametrize("name", list(HACKS))
 def test_hack_scores_zero_on_a_local_sandbox(name):
-    assert score(reward(test_timeout_s=1.0), HACKS[name]) == EARNED.get(name, 0.0)
+    assert score(reward(test_timeout_s=1.0), HACKS[name]) == 0.0
 
 
 @pytest.mark.parametrize("name", list(HACKS))
 def test_hack_scores_zero_on_the_service(name, service, monkeypatch):
     monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", service[1])
     fn = reward(test_timeout_s=1.0, url=service[0])
-    assert score(fn, HACKS[name]) == EARNED.get(name, 0.0)
+    assert score(fn, HACKS[name]) == 0.0
     assert score(fn, HONEST) == 1.0  # and the service still scores the next response right
 
 

@@ -52,16 +52,24 @@ def test_misbehaving_solutions_are_contained(tmp_path):
     liar = (f"def add(a, b): return a + b\nprint('passed 2/2')\n"
             f"try:\n    print(open({str(planted)!r}).read())\nexcept OSError:\n    pass")
     assert fn(tests, liar) == 0.5
-    # A test that never ends is stopped at test_timeout_s; the others still count.
+    # A test that never ends is stopped at test_timeout_s, and a test out of time scores the whole
+    # solution 0 (a judge's "time limit exceeded": time spent never buys a partial result).
     looping = Prompt("t:2", "", "", {"tests": ["assert add(1, 1) == 2", "while True: pass", "assert add(2, 2) == 4"]})
-    assert fn(looping, RIGHT) == 2 / 3
+    assert fn(looping, RIGHT) == 0.0
+    slow = "import time\ndef add(a, b):\n    if a == 2:\n        time.sleep(60)\n    return a + b\n"
+    assert fn(Prompt("t:3", "", "", {"tests": ["assert add(1, 1) == 2", "assert add(2, 2) == 4"]}), slow) == 0.0
     # A solution that writes outside its sandbox leaves nothing on the host.
     target = tmp_path / "pwned"
     fn(ADD, f"open({str(target)!r}, 'w').write('x')\ndef add(a, b): return a + b")
     assert not target.exists()
-    # Killing the harness (its parent) spoils the run: an error, never a forged score.
-    with pytest.raises(RuntimeError, match="harness failed"):
-        fn(ADD, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b): return a + b")
+    # Killing its parent (the zygote, the user's own) and every ancestor it can name (the judge,
+    # the agent) neither spoils nor forges the run: the judge runs at another uid and counts.
+    killer = ("import os, signal\npid = os.getpid()\nwhile pid > 1:\n"
+              "    pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
+              "    for sig in (signal.SIGSTOP, signal.SIGKILL):\n        try:\n            os.kill(pid, sig)\n"
+              "        except OSError:\n            pass\n")
+    assert fn(ADD, killer + "def add(a, b): return a + b") == 1.0
+    assert fn(ADD, killer + "def add(a, b): return None") == 0.0
 
 
 def test_through_the_guard_failures_score_zero_and_are_counted():
@@ -69,11 +77,11 @@ def test_through_the_guard_failures_score_zero_and_are_counted():
     guard = RewardGuard(build_reward(cfg), cfg.timeout_s, 1)  # a forked worker starts the sandboxes
     try:
         no_tests = Prompt("bad:1", "", "", {"test": ["assert True"]})
-        killer = "import os\nos.kill(os.getppid(), 9)"
+        killer = "import os\nos.kill(os.getppid(), 9)"  # its zygote: the test fails, nothing else
         out = guard.score([(ADD, RIGHT), (ADD, HALF), (no_tests, RIGHT), (ADD, killer)])
         assert [o.reward for o in out] == [1.0, 0.5, 0.0, 0.0]
-        assert "field 'tests' must be a non-empty list" in out[2].error and "harness failed" in out[3].error
-        assert guard.stats()["errors"] == 2
+        assert "field 'tests' must be a non-empty list" in out[2].error and out[3].error is None
+        assert guard.stats()["errors"] == 1
     finally:
         guard.close()
 
@@ -97,8 +105,7 @@ def test_on_the_service(tmp_path, monkeypatch):
         monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", token)
         fn = reward(url=url)
         assert fn(ADD, RIGHT) == 1.0 and fn(ADD, HALF) == 0.5
-        with pytest.raises(RuntimeError, match="harness failed"):
-            fn(ADD, "import os\nos.kill(os.getppid(), 9)")
+        assert fn(ADD, "import os\nos.kill(os.getppid(), 9)") == 0.0  # its zygote; the judge counts
         monkeypatch.setenv("CADENCE_SANDBOX_TOKEN", "wrong")
         with pytest.raises(ValueError, match="401"):
             reward(url=url)
