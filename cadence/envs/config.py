@@ -148,24 +148,27 @@ class EnvConfig(BaseModel):
         from cadence.envs.registry import resolve_env_class
 
         cls = resolve_env_class(self.name)
-        try:
-            signature = inspect.signature(cls)
-        except (TypeError, ValueError):
-            return self  # no introspectable constructor: trust the kwargs
-        params = signature.parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return self
-        accepted = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
-        for key in self.kwargs:
-            if key not in accepted:
-                close = difflib.get_close_matches(key, accepted, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"{cls.__name__} takes {accepted}"
-                raise ValueError(f"env.kwargs.{key}: unknown argument; {hint}")
-        try:
-            signature.bind(**self.kwargs)
-        except TypeError as exc:
-            raise ValueError(f"env.kwargs: {cls.__name__}: {exc}") from None
+        self._check_arguments(cls)
         check = getattr(cls, "check_config", None)
         if callable(check):
             check(**self.kwargs)  # ValueError: a missing extra, an unknown game id, ...
         return self
+
+    def _check_arguments(self, cls: type) -> None:
+        """env.kwargs against the constructor's signature: unknown keys (with the closest), missing ones."""
+        try:
+            signature = inspect.signature(cls)
+        except (TypeError, ValueError):
+            return  # no introspectable constructor: trust the kwargs
+        params = signature.parameters.values()
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            accepted = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+            for key in self.kwargs:
+                if key not in accepted:
+                    close = difflib.get_close_matches(key, accepted, n=1)
+                    hint = f"did you mean {close[0]!r}?" if close else f"{cls.__name__} takes {accepted}"
+                    raise ValueError(f"env.kwargs.{key}: unknown argument; {hint}")
+        try:
+            signature.bind(**self.kwargs)
+        except TypeError as exc:
+            raise ValueError(f"env.kwargs: {cls.__name__}: {exc}") from None

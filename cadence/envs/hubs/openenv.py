@@ -154,6 +154,11 @@ class OpenEnvLocal:
     action_tag = None
     spec = ""
 
+    @classmethod
+    def check_config(cls, action_field: str | None = None, **_: Any) -> None:
+        """Config-time check (nothing is built): the action field exists or can be told."""
+        text_field(action_class(_load_environment_class(cls.spec)).model_json_schema(), action_field)
+
     def __init__(self, action_field: str | None = None, observation_field: str | None = None, **kwargs: Any):
         env_cls = _load_environment_class(self.spec)
         self.env = env_cls(**kwargs)
