@@ -177,18 +177,30 @@ def test_weight_swap_interrupts_or_waits_for_in_flight_requests(interrupt):
     assert min(s.version for s in samples) == 0 and max(s.version for s in samples) >= 1
 
 
-def _mock_worker(alpha: int, quota: int = 2, steps: int = 8) -> ConfiguredRolloutWorker:
-    """A foreground worker (no thread: the test drives it) on the mock engine's virtual clock."""
-    cfg = load_config(
-        None,
-        [
-            f"rollout.prompts_per_step={quota}", "rollout.group_size=2", f"rollout.async_ratio={alpha}",
-            "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=6",
-            "rollout.engine.mock.virtual_clock=true", "rollout.max_new_tokens=40",
-            f"trainer.steps={steps}", "task.test_size=4",
-        ],
-    )
-    return ConfiguredRolloutWorker(cfg, background=False)
+@pytest.fixture
+def mock_worker():
+    """Makes foreground workers (no thread: the test drives them) on the mock engine's virtual
+    clock, and closes them after the test (an unclosed worker's groups in flight were destroyed
+    pending at exit: 'Task was destroyed but it is pending!' in CI)."""
+    made: list[ConfiguredRolloutWorker] = []
+
+    def make(alpha: int, quota: int = 2, steps: int = 8) -> ConfiguredRolloutWorker:
+        cfg = load_config(
+            None,
+            [
+                f"rollout.prompts_per_step={quota}", "rollout.group_size=2", f"rollout.async_ratio={alpha}",
+                "rollout.engine.backend=mock", "rollout.engine.mock.median_tokens=6",
+                "rollout.engine.mock.virtual_clock=true", "rollout.max_new_tokens=40",
+                f"trainer.steps={steps}", "task.test_size=4",
+            ],
+        )
+        made.append(ConfiguredRolloutWorker(cfg, background=False))
+        return made[-1]
+
+    yield make
+    for worker in made:
+        worker.close()
+        assert worker._own_loop is None or worker._own_loop.is_closed()
 
 
 def _settle(worker: RolloutWorker, most: int) -> None:
@@ -213,8 +225,8 @@ def _train(worker: RolloutWorker, versions: range) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("alpha", [0, 1, 2])
-def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha):
-    worker = _mock_worker(alpha)
+def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha, mock_worker):
+    worker = mock_worker(alpha)
     quota = worker.quota
     staleness = []
     for version in range(5):
@@ -230,41 +242,40 @@ def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha):
     assert staleness == [[min(version, alpha)] * quota for version in range(5)]
 
 
-def test_a_resumed_worker_continues_the_prompt_sequence_exactly():
-    whole = _mock_worker(alpha=0)
+def test_a_resumed_worker_continues_the_prompt_sequence_exactly(mock_worker):
+    whole = mock_worker(alpha=0)
     first = _train(whole, range(3))
     state = whole.state_dict()
     rest = _train(whole, range(3, 6))
     prompts = [p for step in first + rest for p in step]
     assert len(set(prompts)) == len(prompts) == 12  # one epoch: no prompt twice
 
-    resumed = _mock_worker(alpha=0)
+    resumed = mock_worker(alpha=0)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
     assert _train(resumed, range(3, 5)) == rest[:2]
     # Resumed twice: the second checkpoint's cursor counts from where the first one left off.
-    again = _mock_worker(alpha=0)
+    again = mock_worker(alpha=0)
     again.update_weights({}, 5)
     again.load_state_dict(resumed.state_dict(), 5)
     assert _train(again, range(5, 6)) == rest[2:]
 
 
-def test_the_data_order_does_not_depend_on_the_run_length():
+def test_the_data_order_does_not_depend_on_the_run_length(mock_worker):
     """A resume with more (or fewer) trainer.steps keeps the prompt order it started with."""
     orders = []
     for steps in (3, 400):
-        worker = _mock_worker(alpha=0, steps=steps)
+        worker = mock_worker(alpha=0, steps=steps)
         orders.append([worker.producer.stream.next().id for _ in range(50)])
-        worker.close()
     assert orders[0] == orders[1]
 
 
-def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups():
+def test_a_resumed_asynchronous_worker_refills_alpha_versions_of_groups(mock_worker):
     alpha = 1
-    whole = _mock_worker(alpha)
+    whole = mock_worker(alpha)
     _train(whole, range(3))
     state = whole.state_dict()
-    resumed = _mock_worker(alpha)
+    resumed = mock_worker(alpha)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
     # Nothing survived the restart, so it starts the groups of versions 3 .. 3 + alpha at once
@@ -309,16 +320,16 @@ def test_an_inline_worker_generates_in_its_own_thread_only_when_asynchronous(alp
         group.close()
 
 
-def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_finished_in():
+def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_finished_in(mock_worker):
     """With alpha > 0 a later group may finish first; the checkpoint records which stream
     positions were trained on, so the resumed run neither repeats nor skips a prompt."""
     alpha = 1
-    _mock_worker(alpha)  # the second worker made in a process draws the lengths that reorder groups
-    whole = _mock_worker(alpha, quota=2)
+    mock_worker(alpha)  # the second worker made in a process draws the lengths that reorder groups
+    whole = mock_worker(alpha, quota=2)
     first = [p for step in _train(whole, range(3)) for p in step]
     state = whole.state_dict()
     assert state["prompts"]["skip"] or whole.trained.below == 6, "no group finished out of order"
-    resumed = _mock_worker(alpha, quota=2)
+    resumed = mock_worker(alpha, quota=2)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
     second = [p for step in _train(resumed, range(3, 6)) for p in step]  # within one epoch
@@ -328,7 +339,9 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     stream = resumed.producer.stream
     owed = {stream.prompts[stream._order_for(0)[i]].id for i in range(resumed.trained.below)}
     assert owed <= set(trained)
-    assert resumed.trained.below >= 8
+    # And the keys it counts as trained are the prompts trained, each once. (Not how far the
+    # watermark got: a slow group dropped as stale holds it back, by design.)
+    assert resumed.trained.below + len(resumed.trained.above) == len(trained) == 12
 
 
 class _RecordingProducer:
