@@ -23,6 +23,10 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+DevToolsOpt = Annotated[bool, typer.Option(
+    "--dev-tools", help="Show the host's debuggers and compilers (gdb, gcc, ...), hidden by default.")]
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
@@ -41,6 +45,7 @@ def run(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
     template: Annotated[str | None, typer.Option(
         help="Start on this template's root file system (`cadence sandbox template ls`).")] = None,
+    dev_tools: DevToolsOpt = False,
 ) -> None:
     """Run one command in a fresh sandbox: `cadence sandbox run --memory-mb 256 -- python3 -c 'print(1)'`.
 
@@ -59,7 +64,7 @@ def run(
     stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     try:
         with LocalSandbox(limits, python=python, allow_unisolated=allow_unisolated,
-                          python_packages=python_packages, template=template) as sb:
+                          python_packages=python_packages, template=template, dev_tools=dev_tools) as sb:
             r = sb.exec(cmd, stdin=stdin)
     except ValueError as e:  # --python-packages
         _fail(f"sandbox run: {e}")
@@ -95,6 +100,7 @@ def serve(
         "--allow-unisolated", help="Without bubblewrap, run with rlimits only (NOT isolated).")] = False,
     template_warm: Annotated[list[str] | None, typer.Option(
         "--template-warm", help="NAME=N: keep N warm spares on template NAME (repeatable).")] = None,
+    dev_tools: DevToolsOpt = False,
 ) -> None:
     """Serve the sandbox API (FastAPI): a bearer token is generated and written to --token-file."""
     import os
@@ -106,7 +112,7 @@ def serve(
         cfg = PoolConfig(warm=warm, max_size=max_size, health_period_s=health_period_s, python=python,
                          python_packages=python_packages, allow_unisolated=allow_unisolated,
                          events_path=events or os.path.join(server.DEFAULT_DIR, "events.db"),
-                         templates=_template_warm(template_warm or []))
+                         templates=_template_warm(template_warm or []), dev_tools=dev_tools)
     except ValueError as e:
         _fail(f"sandbox serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
     server.serve(cfg, host, port, token_file or os.path.join(server.DEFAULT_DIR, "token"), clients_file, max_body_mb)

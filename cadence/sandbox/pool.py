@@ -64,6 +64,9 @@ class PoolConfig(BaseModel):
         "site", description="'site': the interpreter's site-packages importable, read-only (what "
         "E2B or SandboxFusion users expect: numpy and friends); 'none': standard library only")
     allow_unisolated: bool = False
+    dev_tools: bool = Field(
+        False, description="show the host's /usr whole, debuggers and compilers included (gdb, gcc, ...); "
+        "by default they are hidden (system_view.py). A template with its own system shows its own /usr")
     events_path: str = ":memory:"
     templates: dict[str, int] = Field(
         default_factory=dict, description="warm spares kept per template name (templates.py), on top of "
@@ -389,7 +392,8 @@ class Pool:
     def _box(self, limits: Limits, mounts: tuple[Mount, ...] = (), sandbox_id: str | None = None,
              template: str | Template | None = None) -> LocalSandbox:
         return LocalSandbox(limits, self.cfg.python, self.cfg.allow_unisolated, sandbox_id=sandbox_id,
-                            python_packages=self.cfg.python_packages, mounts=mounts, template=template)
+                            python_packages=self.cfg.python_packages, mounts=mounts, dev_tools=self.cfg.dev_tools,
+                            template=template)
 
     def _new_slot(self, limits: Limits, state: str, reason: str, mounts: tuple[Mount, ...] = (),
                   owner: str | None = None, template: str | None = None) -> Slot:

@@ -255,10 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", default=None, help="interpreter inside the sandboxes (default: this one)")
     p.add_argument("--python-packages", choices=["site", "none"], default="site",
                    help="site: its site-packages importable, read-only; none: standard library only")
+    p.add_argument("--dev-tools", action="store_true", help="show debuggers and compilers (hidden by default)")
     a = p.parse_args(argv)
     serve(PoolConfig(warm=a.warm, max_size=a.max_size, health_period_s=a.health_period_s,
                      allow_unisolated=a.allow_unisolated, events_path=a.events, python=a.python,
-                     python_packages=a.python_packages),
+                     python_packages=a.python_packages, dev_tools=a.dev_tools),
           a.host, a.port, a.token_file, a.clients_file, a.max_body_mb)
 
 

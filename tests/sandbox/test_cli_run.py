@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -52,3 +53,19 @@ def test_run_python_packages_choice():
     assert r.returncode == 1 and "No module named 'numpy'" in r.stderr
     r = cadence("run", "--python-packages", "some", "--", "true")
     assert r.returncode == 2 and "python_packages" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_and_serve_take_dev_tools(monkeypatch):
+    """`--dev-tools` shows the host's compilers to `run`, and reaches the service's PoolConfig."""
+    look = "command -v gcc || echo none"
+    assert cadence("run", "--", "sh", "-c", look).stdout == "none\n"
+    if shutil.which("gcc") == "/usr/bin/gcc":
+        assert cadence("run", "--dev-tools", "--", "sh", "-c", look).stdout == "/usr/bin/gcc\n"
+    from cadence.sandbox import server
+
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda cfg, *a: seen.append(cfg.dev_tools))
+    for flags in ([], ["--dev-tools"]):
+        assert cadence("serve", "--events", ":memory:", *flags).returncode == 0
+        server.main(["--events", ":memory:", *flags])
+    assert seen == [False, False, True, True]

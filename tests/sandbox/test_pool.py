@@ -246,3 +246,21 @@ def test_cgroup_v2_layout_writes_cpu_max_and_memory_max(tmp_path, monkeypatch):
         assert not cgroup.available()
     finally:
         cgroup._layout.cache_clear()
+
+
+def test_dev_tools_reach_the_pools_sandboxes_only_when_asked(tmp_path):
+    """PoolConfig.dev_tools (`cadence sandbox serve --dev-tools`) shows the host's debuggers and
+    compilers to every sandbox of the pool, the warm spares included; by default they are hidden."""
+    look = "for t in gcc gdb cc; do command -v $t; done; true"
+    host = [t for t in ("gcc", "gdb", "cc") if os.path.exists(f"/usr/bin/{t}")]
+    if not host:
+        pytest.skip("no gcc, gdb or cc on this host to show")
+    for dev_tools, seen in [(False, []), (True, [f"/usr/bin/{t}" for t in host])]:
+        p = Pool(PoolConfig(warm=1, max_size=2, health_period_s=3600, limits=LIMITS, dev_tools=dev_tools,
+                            events_path=str(tmp_path / f"events-{dev_tools}.db")))
+        try:
+            wait_for(lambda: p.counts()["ready"] == 1, "a warm spare")
+            for info in (p.acquire(), p.acquire(Limits(memory_mb=128))):  # a spare, then a cold start
+                assert p.exec(info.id, ExecRequest(cmd=look)).stdout.split() == seen, dev_tools
+        finally:
+            p.close()
