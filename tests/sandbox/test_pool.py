@@ -259,7 +259,7 @@ def test_dev_tools_reach_the_pools_sandboxes_only_when_asked(tmp_path):
         p = Pool(PoolConfig(warm=1, max_size=2, health_period_s=3600, limits=LIMITS, dev_tools=dev_tools,
                             events_path=str(tmp_path / f"events-{dev_tools}.db")))
         try:
-            wait_for(lambda: p.counts()["ready"] == 1, "a warm spare")
+            wait_for(lambda p=p: p.counts()["ready"] == 1, "a warm spare")
             for info in (p.acquire(), p.acquire(Limits(memory_mb=128))):  # a spare, then a cold start
                 assert p.exec(info.id, ExecRequest(cmd=look)).stdout.split() == seen, dev_tools
         finally:
