@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -149,3 +151,130 @@ def test_staleness_counts_versions_behind_the_trainer():
     assert metrics["train/staleness_max"] == 3
     assert metrics["train/staleness_mean"] == pytest.approx((3 + 2 + 2 + 2) / 4)
     assert trainer.version == 4
+
+
+# -- gradient norm by staleness bucket --------------------------------------------------------
+
+
+class Bigram(torch.nn.Module):
+    """A linear model on the one-hot current token: next-token logits = its row of `table`."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.zeros(vocab, vocab))
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+# (prompt, response, reward, version, staleness bucket at trainer version 9), two samples a group.
+BIGRAM_SAMPLES = [([1, 2], [3, 4], 1.0, 9, "0"), ([1, 2], [5], 0.0, 9, "0"),
+                  ([2, 3], [4, 6, 1], 1.0, 8, "1"), ([2, 3], [6], 0.0, 5, "4-7"),
+                  ([6], [2, 2], 0.0, 0, "8+"), ([6], [1], 1.0, 7, "2-3")]
+
+
+def bigram_groups(vocab: int) -> list[Group]:
+    """BIGRAM_SAMPLES whose behaviour log-probs are the all-zero table's (uniform: -log V)."""
+    groups = [Group(group_id=g, prompt_id=str(g)) for g in range(3)]
+    for i, (prompt, response, reward, version, _) in enumerate(BIGRAM_SAMPLES):
+        mu = [-math.log(vocab)] * len(response)
+        groups[i // 2].samples.append(Sample(str(i // 2), i // 2, prompt, response, mu, reward, version, "stop", f"r{i}"))
+    return groups
+
+
+def test_grad_norm_per_staleness_bucket_is_the_norm_of_that_buckets_gradient():
+    """By hand: the table is zero, so pi_theta = mu = uniform, every ratio is 1, and GRPO's token-mean
+    loss -(1/N) sum_t A_t r_t has gradient -(A_t / N)(onehot(y_t) - 1/V) on the row of y_t's context
+    token. A bucket's gradient sums its own tokens' terms (N = all 10 response tokens)."""
+    vocab = 8
+    algo = AlgorithmConfig(std_normalize=False)  # A = reward - group mean = +-0.5
+    trainer = PolicyTrainer(Bigram(vocab), TrainerConfig(micro_batch_size=2), algo, temperature=1.0, pad_id=0)
+    trainer.version = 9
+    metrics = trainer.step(bigram_groups(vocab))
+
+    n_tokens = sum(len(sample[1]) for sample in BIGRAM_SAMPLES)
+    expected = {}
+    for i, (prompt, response, reward, _, bucket) in enumerate(BIGRAM_SAMPLES):
+        advantage = reward - (reward + BIGRAM_SAMPLES[i ^ 1][2]) / 2  # the other sample of its group
+        grad = expected.setdefault(bucket, torch.zeros(vocab, vocab))
+        text = prompt + response
+        for j, token in enumerate(response):
+            context = text[len(prompt) + j - 1]
+            grad[context] -= advantage / n_tokens * (torch.nn.functional.one_hot(torch.tensor(token), vocab) - 1 / vocab)
+    assert set(expected) == {"0", "1", "2-3", "4-7", "8+"}
+    for bucket, grad in expected.items():
+        assert metrics[f"offpolicy/grad_norm_stale_{bucket}"] == pytest.approx(float(grad.norm()), rel=1e-5)
+    total = sum(expected.values())
+    assert metrics["train/grad_norm"] == pytest.approx(float(total.norm()), rel=1e-5)
+
+
+def mixed_staleness_groups() -> list[Group]:
+    """make_groups at trainer version 6 with staleness 0, 1, 3 and 6 (four buckets)."""
+    groups = make_groups(version=6)
+    for sample, version in zip(flatten(groups), [6, 5, 3, 0], strict=True):
+        sample.version = version
+    return groups
+
+
+def accumulated_gradient(model, by_staleness: str, algo: AlgorithmConfig, groups: list[Group], **cfg):
+    """The gradient the optimizer steps with (clipped: the same factor either way) and the step's metrics."""
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, grad_norm_by_staleness=by_staleness, **cfg), algo, 1.0, 0)
+    trainer.version = 6
+    seen = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(torch.cat([p.grad.flatten() for p in model.parameters()])))
+    metrics = trainer.step(groups)
+    return seen[0], metrics
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_splitting_by_staleness_leaves_the_gradient_unchanged(aggregation):
+    """Micro-batches run bucket by bucket (here 1 row each: every bucket its own micro-batch, unlike
+    the length-sorted split) still sum to the mini-batch's gradient, in every aggregation mode."""
+    base = tiny_model(hidden_size=32, layers=1, heads=2)
+    algo = AlgorithmConfig(aggregation=aggregation)
+    off, plain = accumulated_gradient(copy.deepcopy(base), "off", algo, mixed_staleness_groups(), micro_batch_size=4)
+    on, split = accumulated_gradient(copy.deepcopy(base), "on", algo, mixed_staleness_groups(), micro_batch_size=4)
+    assert torch.allclose(off, on, atol=1e-7, rtol=1e-5)
+    assert split["train/grad_norm"] == pytest.approx(plain["train/grad_norm"], rel=1e-5)
+    assert not any(k.startswith("offpolicy/grad_norm_stale") for k in plain)
+    buckets = sorted(k for k in split if k.startswith("offpolicy/grad_norm_stale"))
+    assert buckets == [f"offpolicy/grad_norm_stale_{b}" for b in ("0", "1", "2-3", "4-7")]
+
+
+def test_grad_norm_by_staleness_auto_logs_only_batches_with_stale_samples():
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    trainer = trainer_for(model)
+    fresh = trainer.step(make_groups(version=0))
+    assert not any(k.startswith("offpolicy/grad_norm_stale") for k in fresh)
+    stale = trainer.step(make_groups(version=0))  # trained at version 1: every sample 1 behind
+    assert stale["offpolicy/grad_norm_stale_1"] == pytest.approx(stale["train/grad_norm"], rel=1e-6)
+    assert "offpolicy/grad_norm_stale_0" not in stale  # only the buckets present
+
+
+def test_grad_norm_by_staleness_is_refused_where_it_would_change_the_gradient():
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    with pytest.raises(ValueError, match="grad_norm_by_staleness=on: M2PO"):
+        PolicyTrainer(model, TrainerConfig(grad_norm_by_staleness="on"),
+                      AlgorithmConfig(mismatch={"mode": "m2po"}), 1.0, 0)
+    trainer = PolicyTrainer(model, TrainerConfig(), AlgorithmConfig(mismatch={"mode": "m2po"}), 1.0, 0)
+    trainer.version = 6
+    assert not any(k.startswith("offpolicy/grad_norm_stale") for k in trainer.step(mixed_staleness_groups()))
+
+
+def test_a_bucket_missing_from_some_mini_batches_is_averaged_over_those_that_had_it():
+    """Two mini-batches, one stale sample: its bucket's norm is that one update's, not halved."""
+    model = tiny_model(hidden_size=32, layers=1, heads=2)
+    trainer = trainer_for(model, mini_batches=2, micro_batch_size=2)
+    trainer.version = 3
+    groups = make_groups(version=3)
+    groups[1].samples[0].version = 0  # 3 behind: bucket 2-3, in one of the two mini-batches
+    updates = []
+    update = trainer._update
+    trainer._update = lambda *args: updates.append(update(*args)) or updates[-1]
+    metrics = trainer.step(groups)
+    had = [u["offpolicy/grad_norm_stale_2-3"] for u in updates if "offpolicy/grad_norm_stale_2-3" in u]
+    assert len(updates) == 2 and len(had) == 1
+    assert metrics["offpolicy/grad_norm_stale_2-3"] == pytest.approx(had[0])
+    assert metrics["offpolicy/grad_norm_stale_0"] == pytest.approx(
+        sum(u["offpolicy/grad_norm_stale_0"] for u in updates) / 2)

@@ -71,6 +71,30 @@ def micro_batches(lengths: Tensor, max_rows: int, max_tokens: int | None = None)
     return parts
 
 
+# Staleness buckets (versions behind the trainer) for the gradient norm per bucket: widths double,
+# as the spread of staleness does when rollout.async_ratio grows; prime-rl drops what is over 8.
+STALENESS_BUCKETS = ("0", "1", "2-3", "4-7", "8+")
+
+
+def staleness_bucket(staleness: int) -> int:
+    """Index into STALENESS_BUCKETS: 0 -> 0, 1 -> 1, 2-3 -> 2, 4-7 -> 3, 8 or more -> 4."""
+    return min(max(staleness, 0).bit_length(), len(STALENESS_BUCKETS) - 1)
+
+
+def bucketed_micro_batches(
+    lengths: Tensor, staleness: Tensor, max_rows: int, max_tokens: int | None = None
+) -> list[tuple[str, list[Tensor]]]:
+    """`micro_batches` within each staleness bucket present, freshest bucket first: (bucket name,
+    its micro-batches as index tensors into `lengths`). A batch in one bucket splits as
+    `micro_batches` splits it."""
+    buckets = torch.tensor([staleness_bucket(s) for s in staleness.tolist()], device=lengths.device)
+    out = []
+    for b in buckets.unique().tolist():  # ascending: freshest first
+        rows = torch.nonzero(buckets == b).flatten()
+        out.append((STALENESS_BUCKETS[b], [rows[p] for p in micro_batches(lengths[rows], max_rows, max_tokens)]))
+    return out
+
+
 def flatten(groups: list[Group]) -> list[Sample]:
     return [s for g in groups for s in g.samples]
 

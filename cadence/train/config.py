@@ -24,6 +24,12 @@ class TrainerConfig(BaseModel):
     )
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (PPO-style).")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    grad_norm_by_staleness: Literal["auto", "on", "off"] = Field(
+        "auto", description="Log offpolicy/grad_norm_stale_<bucket>, the norm of the gradient that the samples "
+        "0, 1, 2-3, 4-7 or 8+ versions behind contribute (their micro-batches run bucket by bucket; the total "
+        "gradient is unchanged). 'auto': on steps whose batch holds a stale sample (rollout.async_ratio > 0), "
+        "off under data parallelism and with algorithm.mismatch.mode=m2po, whose mask is per micro-batch."
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR decay after warm-up.")
     recompute_old_logprobs: Literal["auto", "always"] = Field(

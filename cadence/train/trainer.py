@@ -7,7 +7,9 @@ One `step(groups)` consumes one rollout batch:
      against the engine's behaviour log-probs mu, never against pi_old); pi_ref when KL is on;
   3. advantages from rewards (and group ids);
   4. `epochs` x `mini_batches` optimizer updates, each accumulated over
-     micro-batches whose losses sum exactly to the mini-batch loss;
+     micro-batches whose losses sum exactly to the mini-batch loss (with stale
+     samples, staleness bucket by bucket: the norm of each bucket's part of the
+     gradient is logged, `trainer.grad_norm_by_staleness`);
   5. version += 1 (only if the weights changed), so the next weight sync tags new
      samples with it.
 
@@ -36,7 +38,7 @@ from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm_shaping import credit_metrics, shape_advantages
 from cadence.models.loading import frozen_copy
 from cadence.rollout.sample import Group
-from cadence.train.batch import TrainBatch, collate, flatten, micro_batches
+from cadence.train.batch import TrainBatch, bucketed_micro_batches, collate, flatten, micro_batches
 from cadence.train.checkpoint import load_sharded, save_sharded
 from cadence.train.config import TrainerConfig
 from cadence.train.credit import AttentionCredit, Credit
@@ -65,6 +67,24 @@ def lr_lambda(cfg: TrainerConfig):
         return 1.0
 
     return factor
+
+
+class GradientAdded:
+    """The norm of what the backward passes since the last call added to the accumulated
+    gradients: the gradients now minus a copy kept at the last call (no copy before the first)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.before: list[torch.Tensor] | None = None
+
+    def norm_since_last(self, keep: bool) -> float:
+        """`keep`: copy the gradients for the next call (not needed after the last one)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        diff = grads if self.before is None else [g - b for g, b in zip(grads, self.before, strict=True)]
+        norm = float(torch.nn.utils.get_total_norm(diff))
+        if keep:
+            self.before = [g.detach().clone() for g in grads]
+        return norm
 
 
 class PolicyTrainer:
@@ -114,6 +134,8 @@ class PolicyTrainer:
             weight_decay=trainer_cfg.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_cfg))
+        if trainer_cfg.grad_norm_by_staleness == "on" and self._why_not_by_staleness():
+            raise ValueError(f"trainer.grad_norm_by_staleness=on: {self._why_not_by_staleness()}; set it to auto or off")
 
     # -- one rollout batch -------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
@@ -123,7 +145,9 @@ class PolicyTrainer:
         ref_logprobs = self._over_shares(self._ref_logprobs, batch)
         advantages, masks, extra = self._advantages(batch, old_logprobs, ref_logprobs)
         metrics: dict[str, float] = {}
+        counts: dict[str, int] = {}  # updates that logged each metric (a staleness bucket may miss some)
         updates = 0
+        by_staleness = self._grad_norm_by_staleness(batch)
         warming_up = self.critics is not None and self.steps < self.algo.critic.warmup_steps
         for _ in range(0 if warming_up else self.cfg.epochs):
             # From the CPU generator, whose state checkpoints save: the same order on any device.
@@ -133,12 +157,13 @@ class PolicyTrainer:
                 m = self._update(
                     batch.select(rows), advantages[rows], old_logprobs, ref_logprobs, rows,
                     masks[0][rows] if masks is not None else None,
-                    masks[1][rows] if masks is not None else None,
+                    masks[1][rows] if masks is not None else None, by_staleness,
                 )
                 for k, v in m.items():
                     metrics[k] = metrics.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + 1
                 updates += 1
-        metrics = {k: v / max(updates, 1) for k, v in metrics.items()}
+        metrics = {k: v / counts[k] for k, v in metrics.items()}
         metrics.update(extra)
         staleness = (self.version - batch.versions).float()
         self.steps += 1
@@ -237,6 +262,22 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
+    def _why_not_by_staleness(self) -> str | None:
+        """Why the gradient cannot be split by staleness bucket in this run (None: it can)."""
+        if self.dp.world > 1:
+            return "not measured with data parallelism (a rank's gradient is its own until the last micro-batch)"
+        if self.algo.mismatch.mode == "m2po":
+            return "M2PO's mask is computed over each micro-batch, so grouping them by staleness would change it"
+        return None
+
+    def _grad_norm_by_staleness(self, batch: TrainBatch) -> bool:
+        """Whether this step's updates run their micro-batches bucket by bucket and log each
+        bucket's gradient norm (trainer.grad_norm_by_staleness)."""
+        mode = self.cfg.grad_norm_by_staleness
+        if mode == "off" or self._why_not_by_staleness():
+            return False
+        return mode == "on" or bool((batch.versions < self.version).any())
+
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """pi_old is the policy at the start of this step. With one update per batch that is
         the policy of the update itself, so the training forward's detached log-probs are pi_old
@@ -279,8 +320,10 @@ class PolicyTrainer:
         rows: torch.Tensor,
         adv_mask: torch.Tensor | None = None,
         entropy_mask: torch.Tensor | None = None,
+        by_staleness: bool = False,
     ) -> dict[str, float]:
-        """One optimizer update over a mini-batch, accumulated over micro-batches."""
+        """One optimizer update over a mini-batch, accumulated over micro-batches (`by_staleness`:
+        bucket by bucket, logging the norm of each bucket's part of the gradient)."""
         self.optimizer.zero_grad(set_to_none=True)
         # This rank's share of the mini-batch, over the whole mini-batch's denominators.
         share = self.dp.rows(torch.arange(len(mini), device=self.device), mini.attention_mask.sum(1))
@@ -291,8 +334,20 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         # Similar lengths share a micro-batch (less padding); the loss is a sum over
         # micro-batches with mini-batch denominators, so the grouping cannot change it.
-        parts = micro_batches(mini.attention_mask.sum(1), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        lengths = mini.attention_mask.sum(1)
+        bucket_ends: dict[int, str] = {}  # index of a bucket's last micro-batch -> the bucket
+        if by_staleness:
+            parts = []
+            for bucket, bucket_parts in bucketed_micro_batches(
+                lengths, self.version - mini.versions, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+            ):
+                parts += bucket_parts
+                bucket_ends[len(parts) - 1] = bucket
+        else:
+            parts = micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
         parts, real = self.dp.even(parts)
+        added = GradientAdded([p for p in self.policy.parameters() if p.requires_grad])
+        bucket_norms: dict[str, float] = {}
         for n, idx in enumerate(parts):
             part = mini.select(idx).trimmed()
             sel = rows[idx]
@@ -332,13 +387,16 @@ class PolicyTrainer:
                 weight = 1.0 if k in ADDITIVE_METRICS else share
                 key = k if "/" in k else f"train/{k}"  # offpolicy/* keep their own prefix
                 sums[key] = sums.get(key, 0.0) + v * weight
+            if n in bucket_ends:
+                norm = added.norm_since_last(keep=n < len(parts) - 1)
+                bucket_norms[f"offpolicy/grad_norm_stale_{bucket_ends[n]}"] = norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         sums = self.dp.sum_metrics(sums)  # each rank's sums cover its share: together, the mini-batch's
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP's DTensor
         sums["train/grad_norm"] = float(grad_norm)
-        return sums
+        return {**sums, **bucket_norms}
 
     # -- state for checkpoints ----------------------------------------------
     def state_dict(self) -> dict:
