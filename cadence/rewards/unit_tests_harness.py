@@ -31,23 +31,47 @@ compare, hash or be truthy. So:
   its limits.
 """
 
-import builtins
-import json
+import _socket
 import os
-import select
-import signal
-import socket
 import struct
 import sys
-import time
-
-P = json.loads(globals()["PARAMS"])
-MAX_REPLY = 16 << 20  # bytes of one answer from the worker; more fails the test
 
 # Plain data of exact built-in types as tagged JSON, both ways: source shared by the judge (exec'd
 # here) and the worker (sent as its first lines). Exact types (`type(v) is int`), not isinstance:
 # a subclass with its own __eq__ is not plain data.
 CODEC = r'''
+import _json
+
+class _Decoder:  # what _json's scanner asks of a decoder (the json package, with re, costs more)
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+
+    def parse_constant(name):
+        raise ValueError(f"not plain JSON: {name}")
+
+_scan = _json.make_scanner(_Decoder)
+
+def loads(text):
+    value, end = _scan(text, 0)
+    if end != len(text):
+        raise ValueError("not one JSON value")
+    return value
+
+def dumps(v):
+    t = type(v)
+    if t is str:
+        return _json.encode_basestring_ascii(v)
+    if v is None or t is bool:
+        return {None: "null", True: "true", False: "false"}[v]
+    if t is int:
+        return int.__repr__(v)
+    if t is list or t is tuple:
+        return "[" + ",".join([dumps(x) for x in v]) + "]"
+    if t is dict:
+        return "{" + ",".join([dumps(k) + ":" + dumps(x) for k, x in v.items()]) + "}"
+    raise TypeError(f"cannot send a {t.__name__}")
+
 SEQS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 KINDS = {tag: kind for kind, tag in SEQS.items()}
 
@@ -95,10 +119,10 @@ def decode(e, handle):
 '''
 _codec: dict = {}
 exec(CODEC, _codec)
-encode, decode = _codec["encode"], _codec["decode"]
+encode, decode, dumps, loads = (_codec[name] for name in ("encode", "decode", "dumps", "loads"))
 
 WORKER_MAIN = r'''
-import json, os, signal, socket, sys
+import _socket, os, struct, sys
 
 def read():
     head = b""
@@ -113,10 +137,10 @@ def read():
         if not chunk:
             os._exit(0)
         body += chunk
-    return json.loads(body)
+    return loads(body.decode())
 
 def write(obj):
-    data = json.dumps(obj).encode()
+    data = dumps(obj).encode()
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(WFD, data):]
@@ -178,13 +202,15 @@ def serve():
 
 # The zygote: for each b"f" on its control socket (fd 3), with a test's two pipe ends, a forked
 # worker (its own session); the worker's pid goes back.
-CTL = socket.socket(fileno=3)
+CTL = _socket.socket(fileno=3)
 CTL.sendall(b"r")
 while True:
     try:
-        msg, fds, _, _ = socket.recv_fds(CTL, 1, 2)
+        msg, anc, _, _ = CTL.recvmsg(1, _socket.CMSG_SPACE(8))
     except OSError:
         os._exit(0)
+    fds = [fd for level, kind, data in anc if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
+           for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4])]
     if not msg or len(fds) != 2:
         os._exit(0)
     pid = os.fork()
@@ -206,22 +232,6 @@ while True:
 
 ZYGOTE = CODEC + WORKER_MAIN
 CODE_ID = os.environ.get("CADENCE_SANDBOX_CODE_ID")  # user code's uid and gid; unset: ours
-
-
-class Abort(BaseException):
-    """The worker died, hung or exited: the test fails (never caught by a test's `except`)."""
-
-
-class TimedOut(Abort):
-    """The solution (or its zygote) did not answer within the test's time."""
-
-
-class NotPlain(TypeError):
-    """A test used a value the solution returned that is not plain data as if it were."""
-
-
-class TestTimeout(BaseException):
-    """A test ran past test_timeout_s (SIGALRM): in its own code, or waiting in a system call."""
 
 
 def start_as_user(ctl: int) -> int:
@@ -252,20 +262,23 @@ class Zygote:
     """A fresh interpreter of the user's (exec'd: none of our memory) that forks a worker per
     test: a fresh process per test, without an interpreter start-up per test."""
 
-    def __init__(self, deadline: float) -> None:
-        self.ctl, theirs = socket.socketpair()
+    def __init__(self) -> None:
+        self.ctl, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self.pid = start_as_user(theirs.fileno())
         finally:
             theirs.close()
-        if self._recv(1, deadline) != b"r":
-            raise Abort("the zygote did not start")
+        self.ready = False
 
     def fork(self, deadline: float) -> "Worker":
+        if not self.ready:
+            if self._recv(1, deadline) != b"r":
+                raise Abort("the zygote did not start")
+            self.ready = True
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         try:
-            socket.send_fds(self.ctl, [b"f"], [to_r, from_w])
+            self.ctl.sendmsg([b"f"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("2i", to_r, from_w))])
             pid = int.from_bytes(self._recv(4, deadline), "big")
         except BaseException:
             os.close(to_w)
@@ -302,6 +315,39 @@ class Zygote:
             pass
 
 
+# Started first: the zygote's interpreter starts while this one imports the rest and reads its
+# parameters. (No process left to start one: the first test tries again, and fails.)
+ZYGOTES: list[Zygote] = []  # the call's zygote (replaced after it broke)
+try:
+    ZYGOTES.append(Zygote())
+except OSError:
+    pass
+
+import _signal as signal  # noqa: E402  (the signal module imports enum: milliseconds)
+import builtins  # noqa: E402
+import select  # noqa: E402
+import time  # noqa: E402
+
+P = loads(globals()["PARAMS"])
+MAX_REPLY = 16 << 20  # bytes of one answer from the worker; more fails the test
+
+
+class Abort(BaseException):
+    """The worker died, hung or exited: the test fails (never caught by a test's `except`)."""
+
+
+class TimedOut(Abort):
+    """The solution (or its zygote) did not answer within the test's time."""
+
+
+class NotPlain(TypeError):
+    """A test used a value the solution returned that is not plain data as if it were."""
+
+
+class TestTimeout(BaseException):
+    """A test ran past test_timeout_s (SIGALRM): in its own code, or waiting in a system call."""
+
+
 class Worker:
     """One test's process of the solution (a fork of the zygote): asked, it answers."""
 
@@ -309,7 +355,7 @@ class Worker:
         self.pid, self.to_w, self.from_r, self.deadline = pid, to_w, from_r, deadline
 
     def ask(self, req: list | dict) -> list:
-        data = json.dumps(req).encode()
+        data = dumps(req).encode()
         data = struct.pack(">I", len(data)) + data
         try:
             while data:
@@ -320,7 +366,7 @@ class Worker:
         n = struct.unpack(">I", head)[0]
         if n > MAX_REPLY:
             raise Abort(f"an answer of {n} bytes")
-        return json.loads(self._read(n))
+        return loads(self._read(n).decode())
 
     def _read(self, n: int) -> bytes:
         buf = b""
@@ -437,7 +483,6 @@ def on_alarm(signum, frame):
 
 
 PASS, FAIL, TIMEOUT = "pass", "fail", "timeout"
-ZYGOTES: list[Zygote] = []  # the call's zygote (none yet, or replaced after it broke)
 
 
 def worker_for(deadline: float) -> Worker:
@@ -445,7 +490,7 @@ def worker_for(deadline: float) -> Worker:
     test killed or stopped it: it is the user's) is replaced, once."""
     for attempt in (0, 1):
         if not ZYGOTES:
-            ZYGOTES.append(Zygote(deadline))
+            ZYGOTES.append(Zygote())
         try:
             return ZYGOTES[0].fork(deadline)
         except (Abort, OSError):
