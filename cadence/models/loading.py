@@ -3,8 +3,9 @@
 `model.path` is either a folder that `AutoModelForCausalLM.from_pretrained`
 reads, or one of the small models shipped inside the package (made by
 `cadence sft`): `builtin`, the arithmetic model (`cadence/configs/sft_arith.yaml`),
-`builtin:frozenlake` (`cadence/configs/sft_frozenlake_turns.yaml`, then `sft_frozenlake.yaml`) or `builtin:sokoban`
-(`cadence/configs/sft_sokoban.yaml`).
+`builtin:frozenlake` (`cadence/configs/sft_frozenlake_turns.yaml`, then `sft_frozenlake.yaml`), `builtin:sokoban`
+(`cadence/configs/sft_sokoban.yaml`) or `builtin:calc`, a chat model that calls a calculator tool
+(`scripts/make_calc_tiny.py`, the agent demo's).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ BUILTINS = {
     "builtin:frozenlake": (ASSETS / "frozenlake-tiny", "cadence sft --config cadence/configs/sft_frozenlake_turns.yaml "
                            "&& cadence sft --config cadence/configs/sft_frozenlake.yaml"),
     "builtin:sokoban": (ASSETS / "sokoban-tiny", "cadence sft --config cadence/configs/sft_sokoban.yaml"),
+    "builtin:calc": (ASSETS / "calc-tiny", "python scripts/make_calc_tiny.py --output cadence/assets/calc-tiny"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
