@@ -285,5 +285,26 @@ def dashboard(
     serve(runs, host, port, sandbox, sandbox_token, allow_hosts=allow_host)
 
 
+@app.command("serve")
+def serve_(
+    model: Annotated[str, typer.Argument(help="A local Hugging Face checkpoint folder, or 'builtin'.")] = "builtin",
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+    tool_format: Annotated[
+        str, typer.Option("--tool-format", help="auto (from the chat template), hermes, llama3 or none.")
+    ] = "auto",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Default max_tokens of a request.")] = 256,
+    max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Sequences decoded together.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+) -> None:
+    """Serve a checkpoint on an OpenAI-compatible endpoint (agents' evaluation and debugging)."""
+    from cadence.agents.serve import serve_model
+
+    _quiet_library_bars()
+    try:
+        serve_model(model, port, tool_format, max_tokens, max_batch_size, seed, announce=typer.echo)
+    except ConfigError as err:
+        _fail(err)
+
+
 def main() -> None:  # pragma: no cover - entry point for `python -m cadence`
     sys.exit(app())
