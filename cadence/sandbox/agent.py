@@ -6,7 +6,8 @@ stdin and runs it, inside bubblewrap (or, in the rlimits-only fallback, directly
 the first frame after it. The host talks to it over the agent's stdin/stdout with length-prefixed frames:
 marshal from the host, JSON back (the host never unmarshals what the sandbox wrote). The agent
 itself runs no user code: it forks a child per call (a fork of an already-running Python starts in ~1 ms, which is what makes exec fast), applies
-the sandbox's rlimits in the child, and enforces the wall clock from outside. A persistent Python
+the sandbox's rlimits in the child, drops it to user code's uid where the sandbox has one
+(isolation.py; not for a `judge` call), and enforces the wall clock from outside. A persistent Python
 session (state kept across calls) is one more forked child that stays alive.
 """
 
