@@ -78,6 +78,7 @@ class OpenEnvServer:
         observation_field: str | None = None,
         message_timeout_s: float = 60.0,
     ) -> None:
+        self.client_cls = _client_class()
         self.action_field = action_field
         self.observation_field = observation_field
         self.message_timeout_s = message_timeout_s
@@ -86,8 +87,6 @@ class OpenEnvServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _connected(self) -> Any:
-        from openenv.core.generic_client import GenericEnvClient
-
         loop = asyncio.get_running_loop()
         if self.client is not None and self._loop is loop:
             return self.client
@@ -99,13 +98,23 @@ class OpenEnvServer:
                 reply.raise_for_status()
             self.field = text_field(reply.json()["action"], self.action_field)
         # A WebSocket belongs to the loop that opened it: a new loop gets a new session.
-        self.client = GenericEnvClient(base_url=self.base_url, message_timeout_s=self.message_timeout_s)
+        self.client = self.client_cls(base_url=self.base_url, message_timeout_s=self.message_timeout_s)
         await self.client.connect()
         self._loop = loop
         return self.client
 
     async def reset(self, seed: int) -> ResetReturn:
-        result = await (await self._connected()).reset(seed=seed)
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            result = await (await self._connected()).reset(seed=seed)
+        except ConnectionClosed as exc:  # what a server at its max_concurrent_envs does to one more
+            self.client = None
+            raise ConnectionError(
+                f"the OpenEnv server at {self.base_url} closed the session ({exc}); a server takes at "
+                "most max_concurrent_envs sessions: serve it with at least the episodes in flight "
+                "(rollout.prompts_per_step x rollout.group_size, more with rollout.async_ratio)"
+            ) from exc
         return observation_text(result.observation, self.observation_field), {}
 
     async def step(self, action: str) -> StepReturn:
@@ -117,6 +126,14 @@ class OpenEnvServer:
         if self.client is not None and self._loop is asyncio.get_running_loop():
             await self.client.close()
         self.client = None
+
+
+def _client_class() -> type:
+    # openenv.core imports gradio (seconds): imported when the config loads, never on the event
+    # loop, where it would stall every episode in flight past its step timeout.
+    from openenv.core.generic_client import GenericEnvClient
+
+    return GenericEnvClient
 
 
 def action_class(env_cls: type) -> type:
@@ -198,6 +215,7 @@ def _load_environment_class(spec: str) -> type:
 def env_class(ident: str) -> type:
     """The environment class of ``openenv:<url>`` or ``openenv:<module:Class>``; ValueError if unusable."""
     if ident.startswith(("http://", "https://")):
+        _client_class()
         return bind_id(OpenEnvServer, "base_url", ident)
     if ":" not in ident:
         raise ValueError(
