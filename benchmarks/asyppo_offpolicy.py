@@ -48,10 +48,23 @@ VARIANTS: dict[str, tuple[int, list[str]]] = {
     "weight, whitened advantages": (8, ["algorithm.whiten_advantages=true"]),
     "weight, critic_lr 1e-3": (8, ["algorithm.critic.critic_lr=1e-3"]),
     "weight, lr 1e-4": (8, ["trainer.lr=1e-4"]),
+    "weight, grad_clip 0.2": (8, ["trainer.grad_clip=0.2"]),
     "topr loss": (8, ["algorithm.loss=topr"]),
     "icepop": (8, ["algorithm.mismatch.mode=icepop"]),
     "m2po": (8, ["algorithm.mismatch.mode=m2po"]),
+    "weight, centred advantages": (8, ["algorithm.whiten_advantages=true"]),
+    "weight, scaled advantages": (8, ["algorithm.whiten_advantages=true"]),
+    "topr, whitened advantages": (8, ["algorithm.loss=topr", "algorithm.whiten_advantages=true"]),
+    "sync (alpha 0), whitened": (0, ["algorithm.whiten_advantages=true"]),
 }
+# The documented table (docs/asyppo.md), 3 seeds each; the other variants were one-seed probes.
+TABLE = (
+    "sync (alpha 0), pi_old/mu weight", "no correction", "pi_old/mu weight (default)", "weight, no masks",
+    "weight, centred advantages", "weight, scaled advantages", "weight, whitened advantages",
+    "weight, grad_clip 0.2", "weight, lr 1e-4", "topr loss", "topr, whitened advantages",
+)
+# Which half of whitening acts: these variants replace `whiten` (x - mean) / std by one half of it.
+WHITEN_HALF = {"weight, centred advantages": "centre", "weight, scaled advantages": "scale"}
 KEPT = (
     "reward/mean", "train/staleness_mean", "train/entropy", "train/ratio_max", "train/grad_norm",
     "train/mismatch_weight_mean", "train/mismatch_masked_fraction", "offpolicy/ess", "offpolicy/kl_mu_pi_old",
@@ -94,6 +107,50 @@ def _install_diagnostics() -> None:
         return sum(flat) / max(len(flat), 1)
 
     CriticEnsemble.update = update_with_diagnostics
+    _install_gradient_split()
+
+
+def _install_gradient_split() -> None:
+    """Log where the policy gradient goes: d loss / d log pi per token, summed over the tokens of
+    correct answers (pushed up) and of wrong ones (pushed down), weights, masks and clip included."""
+    import dataclasses
+
+    import torch
+
+    from cadence.train import trainer
+
+    compute = trainer.compute_policy_loss
+
+    def with_split(inputs, cfg, **kw):  # noqa: ANN001, ANN003, ANN202
+        out = compute(inputs, cfg, **kw)
+        logprobs = inputs.logprobs.detach().requires_grad_()
+        with torch.enable_grad():
+            loss = compute(dataclasses.replace(inputs, logprobs=logprobs), cfg, **kw).loss
+            (grad,) = torch.autograd.grad(loss, logprobs)
+        correct = (inputs.sequence_rewards > 0.5)[:, None] & inputs.mask.bool()
+        wrong = (inputs.sequence_rewards <= 0.5)[:, None] & inputs.mask.bool()
+        up, down = float(-grad[correct].sum()), float(grad[wrong].sum())
+        out.metrics["diag/push_up_correct"] = up  # > 0: correct answers made more likely
+        out.metrics["diag/push_down_wrong"] = down  # > 0: wrong answers made less likely
+        return out
+
+    trainer.compute_policy_loss = with_split
+    trainer.ADDITIVE_METRICS = {*trainer.ADDITIVE_METRICS, "diag/push_up_correct", "diag/push_down_wrong"}
+
+
+def _whiten_half(half: str) -> None:
+    """Make `whiten_advantages` only subtract the batch mean ("centre") or only divide by the std ("scale")."""
+    from cadence.algo import advantages
+
+    def partial_whiten(x, mask, eps):  # noqa: ANN001, ANN202
+        n = mask.sum().clamp(min=1.0)
+        mean = (x * mask).sum() / n
+        if half == "centre":
+            return (x - mean) * mask
+        std = (((x - mean).square() * mask).sum() / (n - 1).clamp(min=1.0)).sqrt()
+        return x / (std + eps) * mask
+
+    advantages.whiten = partial_whiten
 
 
 def run_cell(name: str, alpha: int, algo: list[str], seed: int, setting: dict[str, Any], data: Path) -> dict:
@@ -101,6 +158,8 @@ def run_cell(name: str, alpha: int, algo: list[str], seed: int, setting: dict[st
 
     torch.set_num_threads(1)
     _install_diagnostics()
+    if name in WHITEN_HALF:
+        _whiten_half(WHITEN_HALF[name])
     run = train_run(overrides([*ASYPPO, *algo], alpha, seed, setting, data))
     steps = [r for r in run.records if "reward/mean" in r]
     before = run.summary.eval_before.pass_at_1
@@ -114,7 +173,8 @@ def run_cell(name: str, alpha: int, algo: list[str], seed: int, setting: dict[st
 
 
 _DIAG = ("diag/adv_mean", "diag/adv_std", "diag/adv_positive", "diag/adv_correct", "diag/adv_wrong",
-         "diag/value_first", "diag/value_bias", "diag/groups_all_same")
+         "diag/value_first", "diag/value_bias", "diag/groups_all_same", "diag/push_up_correct",
+         "diag/push_down_wrong")
 
 
 def _mean(xs: list[float]) -> float:
@@ -122,25 +182,78 @@ def _mean(xs: list[float]) -> float:
     return statistics.mean(xs) if xs else float("nan")
 
 
+def _late(run: dict[str, Any], key: str) -> float:
+    """A per-step metric's mean over steps 11-60, once the generator is the full alpha ahead."""
+    return _mean(run["per_step"][key][10:])
+
+
+def _push_down_share(run: dict[str, Any]) -> float:
+    """Over steps 11-60: the share of the policy gradient (d loss / d log pi) that pushes wrong answers
+    down rather than correct ones up. NaN for runs made before this diagnostic existed."""
+    up = run["per_step"].get("diag/push_up_correct", [float("nan")] * 60)[10:]
+    down = run["per_step"].get("diag/push_down_wrong", [float("nan")] * 60)[10:]
+    return _mean([max(d, 0.0) / (max(u, 0.0) + max(d, 0.0)) for u, d in zip(up, down, strict=True) if u + d > 0])
+
+
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per variant: final held-out pass@1 mean +- sd over seeds, best, and the diagnostics."""
     rows = []
-    for name in [v for v in VARIANTS if any(r["variant"] == v for r in runs)]:
+    for name in [v for v in dict.fromkeys([*TABLE, *VARIANTS]) if any(r["variant"] == v for r in runs)]:
         mine = sorted((r for r in runs if r["variant"] == name), key=lambda r: r["seed"])
         after = [r["after"] for r in mine]
-        early = {k: _mean([_mean(r["per_step"][k][:10]) for r in mine]) for k in (*KEPT, *_DIAG)}
-        late = {k: _mean([_mean(r["per_step"][k][-20:]) for r in mine]) for k in (*KEPT, *_DIAG)}
         rows.append({
-            "variant": name, "alpha": mine[0]["alpha"], "seeds": [r["seed"] for r in mine],
+            "variant": name, "alpha": mine[0]["alpha"], "overrides": mine[0]["overrides"],
+            "seeds": [r["seed"] for r in mine], "per_seed": after, "best": [r["best"] for r in mine],
             "after_mean": statistics.mean(after), "after_sd": statistics.stdev(after) if len(after) > 1 else 0.0,
-            "per_seed": after, "best": [r["best"] for r in mine],
-            "steps_1_10": early, "steps_41_60": late,
+            "best_mean": statistics.mean(r["best"] for r in mine),
+            # Steps 11-60: the sampler-trainer KL, the importance weights' ESS, how far the batch's
+            # mean GAE advantage is from 0 (what whitening removes), training reward.
+            **{label: _mean([_late(r, key) for r in mine]) for label, key in DIAGNOSTICS.items()},
+            # Median: a batch whose returns are all equal has an explained variance of -inf or NaN.
+            "explained_variance": _mean([statistics.median(x for x in r["per_step"]["critic/explained_variance_0"][10:]
+                                                           if x == x) for r in mine]),
+            "push_down_share": _mean([_push_down_share(r) for r in mine]),
+            "push_down_runs": sum(_push_down_share(r) == _push_down_share(r) for r in mine),
+            "abs_adv_mean": _mean([_mean([abs(x) for x in r["per_step"]["diag/adv_mean"][10:]]) for r in mine]),
         })
     return rows
 
 
+DIAGNOSTICS = {
+    "kl_mu_pi_old": "offpolicy/kl_mu_pi_old", "ess": "offpolicy/ess", "reward": "reward/mean",
+    "entropy": "train/entropy", "adv_masked": "asyppo/adv_masked_fraction",
+}
+
+
+def _share(row: dict[str, Any]) -> str:
+    return "–" if not row["push_down_runs"] else f"{row['push_down_share']:.2f} ({row['push_down_runs']})"
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    lines = [
+        "| variant | alpha | final pass@1 (mean ± sd) | per seed | best (mean) | KL(mu ‖ pi_old) | ESS "
+        "| gradient on wrong answers (runs) | abs. batch-mean GAE advantage | train reward | critic EV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["summary"]:
+        lines.append(
+            f"| {row['variant']} | {row['alpha']} | {row['after_mean']:.3f} ± {row['after_sd']:.3f} | "
+            f"{' / '.join(f'{x:.2f}' for x in row['per_seed'])} | {row['best_mean']:.3f} | "
+            f"{row['kl_mu_pi_old']:.2f} | {row['ess']:.2f} | {_share(row)} | {row['abs_adv_mean']:.2f} | {row['reward']:.2f} | "
+            f"{row['explained_variance']:.2f} |"
+        )
+    lines.append(
+        f"\nMeasured {meta['date']} on {meta['machine']}, {meta['jobs']} runs at a time (1 torch thread "
+        f"each); load average {meta['load_avg_start'][0]:.1f} at the start, {meta['load_avg_end'][0]:.1f} "
+        f"at the end; wall time {meta['wall_s'] / 60:.1f} min. Diagnostics: means over steps 11-60."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=list(TABLE), choices=list(VARIANTS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -175,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"meta": meta, "summary": summarise(runs), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
+    print(markdown_table(result))
     return result
 
 
