@@ -128,6 +128,14 @@ def test_exec_needs_exactly_one_of_cmd_or_code(box):
         box.exec(ExecRequest())
 
 
+def test_a_judge_call_is_one_shot(box):
+    """`judge=True` (the agent's uid: a harness that starts the code it judges) is refused for a
+    session, which is always user code's."""
+    with pytest.raises(ValueError, match="judge=True runs a one-shot call"):
+        ExecRequest(code="print(1)", session=True, judge=True)
+    assert box.exec(code="print(1)", judge=True).stdout == "1\n"
+
+
 def test_limits_validate():
     with pytest.raises(ValueError, match="memory_mb"):
         Limits(memory_mb=0)
