@@ -50,7 +50,7 @@ class ConfiguredRolloutWorker(RolloutWorker):
         hub = InferenceHub([build_engine(ro.engine, policy, tokenizer)], interrupt=ro.interrupt_on_update)
         # Prompt replication over workers: every worker takes every prompt and generates its
         # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
-        spread = ro.replicate_prompts and workers > 1 and cfg.env is None and cfg.agent is None
+        spread = _replicated(cfg) and workers > 1
         if cfg.env is not None:
             producer: GroupProducer = _episodes(cfg, hub, tokenizer, policy, turns, index, workers)
             extra = ro.extra_groups
@@ -76,9 +76,15 @@ def rollout_workers(cfg: RunConfig) -> WorkerGroup:
     """The run's rollout workers, in this process or as Ray actors (runtime.kind)."""
     return WorkerGroup(
         functools.partial(ConfiguredRolloutWorker, cfg), cfg.runtime, cfg.run_dir(),
-        background=cfg.rollout.async_ratio > 0, replicated=cfg.rollout.replicate_prompts and cfg.env is None,
+        background=cfg.rollout.async_ratio > 0, replicated=_replicated(cfg),
         trainer_device=cfg.trainer.device,
     )
+
+
+def _replicated(cfg: RunConfig) -> bool:
+    """Prompt replication: every worker answers every prompt in part. Never episodes or agent runs:
+    a group of those is played whole on one worker."""
+    return cfg.rollout.replicate_prompts and cfg.env is None and cfg.agent is None
 
 
 def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int, spread: bool) -> RLVRProducer:
