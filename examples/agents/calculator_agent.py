@@ -8,7 +8,9 @@ problem under "prompt" ("47*86=") and the right answer under "answer". The
 agent offers the model one tool, `calc`, runs the calls the model makes and
 sends back their results, until the model answers in plain text; the reward
 is 1.0 when that answer is right, else 0.0 (returned with the number of tool
-calls: {"reward": ..., "tool_calls": ...}).
+calls: {"reward": ..., "tool_calls": ...}). A run that is still calling tools
+after `max_turns`, or whose next turn the server refuses (the conversation
+outgrew the context), ends unsolved: 0.0, so training sees the habit.
 
 Try it against any server: `python examples/agents/calculator_agent.py --base-url URL`.
 """
@@ -68,9 +70,12 @@ async def run(client: openai.AsyncOpenAI, task: dict, model: str = "cadence", te
     messages = [{"role": "user", "content": task["prompt"]}]
     calls = 0
     for _ in range(max_turns):
-        reply = await client.chat.completions.create(
-            model=model, messages=messages, tools=[CALC_TOOL], temperature=temperature, max_tokens=max_tokens,
-        )
+        try:
+            reply = await client.chat.completions.create(
+                model=model, messages=messages, tools=[CALC_TOOL], temperature=temperature, max_tokens=max_tokens,
+            )
+        except openai.BadRequestError:  # the server refused the turn (the talk outgrew the context): unsolved
+            return {"reward": 0.0, "tool_calls": calls}
         message = reply.choices[0].message
         if not message.tool_calls:
             right = (message.content or "").strip() == str(task["answer"]).strip()
