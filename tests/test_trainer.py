@@ -278,3 +278,11 @@ def test_a_bucket_missing_from_some_mini_batches_is_averaged_over_those_that_had
     assert metrics["offpolicy/grad_norm_stale_2-3"] == pytest.approx(had[0])
     assert metrics["offpolicy/grad_norm_stale_0"] == pytest.approx(
         sum(u["offpolicy/grad_norm_stale_0"] for u in updates) / 2)
+
+
+def test_grad_norm_by_staleness_reads_on_and_off_as_yaml_writes_them():
+    """`trainer.grad_norm_by_staleness=on` on the command line arrives as YAML's true."""
+    assert TrainerConfig(grad_norm_by_staleness=True).grad_norm_by_staleness == "on"
+    assert TrainerConfig(grad_norm_by_staleness=False).grad_norm_by_staleness == "off"
+    with pytest.raises(ValueError, match="grad_norm_by_staleness"):
+        TrainerConfig(grad_norm_by_staleness="sometimes")

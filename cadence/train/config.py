@@ -57,6 +57,12 @@ class TrainerConfig(BaseModel):
         "log-prob and loss math stay float32."
     )
 
+    @field_validator("grad_norm_by_staleness", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        """`trainer.grad_norm_by_staleness=on` on the command line is YAML's boolean true."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @field_validator("device")
     @classmethod
     def _cuda_is_there(cls, device: str) -> str:
