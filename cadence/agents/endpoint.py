@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -84,7 +85,7 @@ class AgentEndpoint:
         self.max_context_tokens = max_context_tokens  # prompt + max_tokens must fit (None: unchecked)
         self.port = port
         self.runs: dict[str, Trajectory] = {}
-        self.counts = {"requests": 0, "errors": 0, "unrecorded": 0}
+        self.counts = {"requests": 0, "errors": 0, "unrecorded": 0, "disconnected": 0}
         self.closed: dict[str, int] = {"stitched": 0, "rewrite": 0, "rerender": 0, "inserted_tokens": 0}
         self._server: _QuietServer | None = None
         self._task: asyncio.Task | None = None
@@ -171,6 +172,9 @@ class AgentEndpoint:
             except wire.BadRequest as e:
                 self.counts["errors"] += 1
                 return JSONResponse(e.body(), status_code=e.status)
+            except ClientDisconnect:  # the run was cancelled while it sent (a stop, a stale group)
+                self.counts["disconnected"] += 1
+                return Response(status_code=499)  # nobody reads it; uvicorn drops it quietly
         return handle
 
     async def _models(self, http: HttpRequest) -> Response:

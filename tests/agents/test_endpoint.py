@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 
 import openai
@@ -232,3 +233,32 @@ def test_a_prompt_beyond_the_context_is_a_named_error():
         return engine.sampled
 
     assert serve("qwen2", agent, max_context_tokens=64) == []
+
+
+def test_a_client_that_hangs_up_mid_request_is_counted_not_logged_as_an_app_error():
+    """A run cancelled while its request was being sent (a stop, a stale group): the server's
+    read of the body fails; that is counted, not an 'Exception in ASGI application'."""
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    async def agent(endpoint, engine, tok):
+        logging.getLogger("uvicorn.error").addHandler(Keep())  # uvicorn's loggers do not propagate
+        run = endpoint.open_run()
+        reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+        writer.write(f"POST /runs/{run}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000\r\n\r\n{\"messages\": ".encode())
+        await writer.drain()
+        while endpoint.counts["requests"] == 0:  # the handler is reading the body
+            await asyncio.sleep(0.01)
+        writer.close()
+        await writer.wait_closed()
+        while endpoint.counts["disconnected"] == 0 and not logged:
+            await asyncio.sleep(0.01)
+        return endpoint.counts
+
+    counts = serve("qwen2", agent)
+    assert not [line for line in logged if "Exception in ASGI application" in line]
+    assert counts["disconnected"] == 1 and counts["errors"] == 0
