@@ -101,11 +101,11 @@ def envs_command() -> None:
     typer.echo("built-in environments (env.name=NAME; your own: env.name=python:module:Class):")
     for name, line in describe().items():
         typer.echo(f"  {name:<11} {line}")
-    typer.echo("environment hubs (env.name=HUB:ID):")
+    typer.echo("environment hubs (env.name=HUB:ID; verifiers: an agent):")
     for prefix, hub in HUBS.items():
         version = version_of(hub)
         state = f"{hub.distribution} {version}" if version else f"not installed: {hub.install}"
-        typer.echo(f"  {prefix:<11} {hub.what}; e.g. env.name={hub.example} ({state})")
+        typer.echo(f"  {prefix:<11} {hub.what}; e.g. {hub.example} ({state})")
     typer.echo("wrappers:")
     for name, line in WRAPPERS.items():
         typer.echo(f"  {name:<11} {line}")

@@ -85,7 +85,7 @@ def test_cadence_envs_lists_every_hub_with_its_state():
 
 
 def test_an_unknown_hub_or_an_empty_id_is_one_line():
-    assert "hubs: gem:ID, skyrl:ID, openenv:ID" in config_error("env.name=gemm:game:X")
+    assert "hubs: gem:ID, skyrl:ID, openenv:ID, verifiers:ID" in config_error("env.name=gemm:game:X")
 
 
 # ------------------------------------------------------------------ GEM (gem-llm)
@@ -243,3 +243,70 @@ def test_openenv_bad_names_are_one_line(echo_env):
 def test_openenv_server_trains_two_steps(echo_server, tmp_path):
     steps = train_two_steps(tmp_path, f"env.name=openenv:{echo_server}")
     assert steps[0]["reward/mean"] > 0  # the echo pays 0.1 per character
+
+
+# ------------------------------------------------------------------ verifiers (classic API, 0.3.x)
+
+VF_SUMS = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+def load_environment(count: int = 8) -> vf.Environment:
+    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 10 + count) for b in (21,)]
+
+    def exact(completion, answer, **_) -> float:
+        return float(completion[-1]["content"].strip() == answer)
+
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]))
+'''
+
+VERIFIERS_AGENT = [
+    "model.path=builtin:calc",  # a chat template: verifiers' environments speak chat completions
+    "agent.name=python:cadence.envs.hubs.verifiers:run", "agent.tasks=seeds",
+    "agent.kwargs.sampling_args={max_tokens: 8}",
+]
+
+
+@pytest.fixture
+def vf_sums(tmp_path, monkeypatch):
+    """A verifiers environment module as the Environments Hub installs them: load_environment()."""
+    pytest.importorskip("verifiers.legacy", reason="optional extra: pip install 'cadence[envs-verifiers]'")
+    (tmp_path / "vf_sums.py").write_text(VF_SUMS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "vf_sums"
+    sys.modules.pop("vf_sums", None)
+
+
+def test_verifiers_rows_by_seed_or_example_id(vf_sums):
+    from cadence.envs.hubs.verifiers import environment, rollout_input
+
+    loaded = environment(vf_sums, {"count": 4})
+    assert type(loaded).__name__ == "SingleTurnEnv"
+    assert rollout_input(loaded, 6)["prompt"] == [{"role": "user", "content": "12+21="}]  # 6 % 4
+    assert rollout_input(loaded, {"example_id": 1})["answer"] == "32"
+    line = config_error(f"env.name=verifiers:{vf_sums}")
+    assert f"train as agents: drop env.name and set agent.name=python:cadence.envs.hubs.verifiers:run " \
+           f"agent.kwargs.env={vf_sums}" in line
+
+
+def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_sums, tmp_path):
+    cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, f"agent.kwargs.env={vf_sums}", "trainer.steps=2",
+                             f"logging.run_dir={tmp_path}/run"])
+    summary = train(cfg)
+    records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    # every verifiers rollout's request went through cadence's endpoint and was trained
+    assert steps[-1]["agent/runs_played_total"] >= 32 and steps[-1]["agent/runs_lost_total"] == 0
+    assert steps[-1]["agent/samples_total"] >= 32 and all(r["train/response_tokens"] > 0 for r in steps)
+
+
+def test_a_verifiers_environment_that_is_not_installed_stops_the_run_in_one_line(vf_sums, tmp_path):
+    from cadence.rollout.env_errors import EnvironmentFailing
+
+    cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, "agent.kwargs.env=vf_nope", "trainer.steps=2",
+                             f"logging.run_dir={tmp_path}/run"])
+    with pytest.raises(EnvironmentFailing, match="Could not import 'vf_nope' environment") as failing:
+        train(cfg)
+    assert "\n" not in str(failing.value)

@@ -5,6 +5,10 @@
     env.name=openenv:http://localhost:8000          an OpenEnv server (pip install 'cadence[envs-openenv]')
     env.name=openenv:my_env.server:MyEnvironment    an OpenEnv environment class, in process
 
+verifiers environments talk to an OpenAI client, so they train as agents:
+``agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=<id>``
+(``env.name=verifiers:<id>`` says so).
+
 Each hub module has ``env_class(ident) -> type``: a class of the text contract
 (`cadence.envs.contract`) bound to that id, built with ``env.kwargs``. The id is
 checked when the config loads (one line naming env.name, the closest ids, and
@@ -29,7 +33,7 @@ class Hub:
     package: str  # the import name of the hub's own package
     distribution: str  # its name on PyPI
     extra: str  # cadence's optional extra that installs it
-    example: str  # an env.name that works once it is installed
+    example: str  # a setting that works once it is installed
     what: str
 
     @property
@@ -39,18 +43,24 @@ class Hub:
 
 HUBS: dict[str, Hub] = {
     "gem": Hub(
-        "cadence.envs.hubs.gem", "gem", "gem-llm", "envs-gem", "gem:game:GuessTheNumber-v0-easy",
+        "cadence.envs.hubs.gem", "gem", "gem-llm", "envs-gem", "env.name=gem:game:GuessTheNumber-v0-easy",
         "GEM environments (games, math, code, QA, reasoning-gym): gem:<GEM id>",
     ),
     "skyrl": Hub(
-        "cadence.envs.hubs.skyrl", "skyrl_gym", "skyrl-gym", "envs-skyrl", "skyrl:gsm8k",
+        "cadence.envs.hubs.skyrl", "skyrl_gym", "skyrl-gym", "envs-skyrl",
+        "env.name=skyrl:gsm8k env.kwargs.data=FILE",
         "skyrl-gym environments on a dataset of SkyRL rows: skyrl:<id> env.kwargs.data=FILE",
     ),
     "openenv": Hub(
         "cadence.envs.hubs.openenv", "openenv", "openenv-core", "envs-openenv",
-        "openenv:http://localhost:8000",
+        "env.name=openenv:http://localhost:8000",
         "OpenEnv environments: a running server (openenv:http://HOST:PORT) or a class "
         "(openenv:module:Class)",
+    ),
+    "verifiers": Hub(
+        "cadence.envs.hubs.verifiers", "verifiers", "verifiers", "envs-verifiers",
+        "agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=ID",
+        "verifiers environments (the Environments Hub), trained as agents through the endpoint",
     ),
 }
 
@@ -79,7 +89,7 @@ def resolve_hub_env(name: str) -> type:
     if version_of(hub) is None:
         raise ValueError(f"env.name {name!r} needs {hub.distribution}, not installed: {hub.install}")
     if not ident:
-        raise ValueError(f"env.name {name!r} names no environment; e.g. env.name={hub.example}")
+        raise ValueError(f"env.name {name!r} names no environment; e.g. {hub.example}")
     return importlib.import_module(hub.module).env_class(ident)
 
 
