@@ -162,3 +162,45 @@ def test_charts_read_well(browser, shots, tmp_path: Path) -> None:
             assert apart, f"{chart.get_attribute('id')}: the mode bar covers the title ({title} vs {bar})"
         shots(page, "charts-read-well")
         page.close()
+
+
+def offpolicy_row(step: int, buckets: dict[str, float]) -> dict:
+    """A training row of an asynchronous run: the offpolicy/* metrics, grad norms for `buckets`."""
+    row = {"step": step, "reward/mean": 0.5, "offpolicy/ess": 0.9 - step / 100, "offpolicy/ess_seq": 0.6,
+           "offpolicy/masked_frac": 0.01 * step, "offpolicy/truncated_frac": 0.002, "offpolicy/kl_mu_pi_old": 0.1 * step}
+    return row | {f"offpolicy/grad_norm_stale_{b}": v for b, v in buckets.items()}
+
+
+def test_offpolicy_metrics_are_a_chart_group_when_a_run_has_them(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root, "sync", steps=3)
+    run = write_run(root, "async", steps=3, finish=False)
+    with (run / "metrics.jsonl").open("a") as f:  # the first steps: every sample fresh, no grad norm per bucket
+        f.write(json.dumps(offpolicy_row(4, {})) + "\n")
+    charts = "() => [...document.querySelectorAll('#charts > *')].map((e) => e.id || 'heading: ' + e.textContent)"
+    traces = "(id) => document.getElementById(id)?.data?.map((t) => t.name) ?? []"
+    with serving(create_app(root, poll_s=0.3)) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(url + "/#/run/sync")
+        page.wait_for_selector("#chart-reward .main-svg")
+        assert not any("offpolicy" in c or "heading" in c for c in page.evaluate(charts))  # none: nothing to show
+
+        page.goto(url + "/#/run/async")
+        page.wait_for_selector("#chart-offpolicy-kl .main-svg")
+        shown = page.evaluate(charts)
+        group = shown.index("heading: off-policy (samples behind the trainer's policy)")
+        assert shown[group + 1:] == ["chart-offpolicy-ess", "chart-offpolicy-masked", "chart-offpolicy-kl"]
+        assert page.evaluate(traces, "chart-offpolicy-ess") == ["offpolicy/ess", "offpolicy/ess_seq"]
+        assert page.evaluate(traces, "chart-offpolicy-masked") == ["offpolicy/masked_frac", "offpolicy/truncated_frac"]
+        assert page.evaluate("() => document.getElementById('chart-offpolicy-ess').layout.yaxis.range") == [0, 1.05]
+
+        with (run / "metrics.jsonl").open("a") as f:  # stale samples arrive: their buckets' grad norms, live
+            f.write(json.dumps(offpolicy_row(5, {"0": 0.4, "1": 0.3})) + "\n")
+            f.write(json.dumps(offpolicy_row(6, {"0": 0.5, "1": 0.2, "2-3": 0.1})) + "\n")
+        page.wait_for_function(f"() => ({traces})('chart-offpolicy-grad').length === 3", timeout=30_000)
+        assert page.evaluate(charts)[-1] == "chart-offpolicy-grad"
+        assert page.evaluate(traces, "chart-offpolicy-grad") == [
+            "offpolicy/grad_norm_stale_0", "offpolicy/grad_norm_stale_1", "offpolicy/grad_norm_stale_2-3"]
+        assert page.evaluate("() => document.getElementById('chart-offpolicy-kl').data[0].x") == [4, 5, 6]
+        shots(page, "offpolicy-charts")
+        page.close()

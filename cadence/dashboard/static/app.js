@@ -1,7 +1,10 @@
 // cadence dashboard: one page, plain JS, plotly.js; live by one server-sent-event stream.
 "use strict";
 
-// Charts: a title and the metric keys (regular expressions) it draws, first match wins per key.
+// Charts: an id, a title, the metric keys (regular expressions) it draws, and optionally { group, range, markers }:
+// a group's heading goes above the first of its charts a run has; range fixes the y axis; markers show points
+// that no neighbour joins (a staleness bucket present at one step only).
+const OFFPOLICY = "off-policy (samples behind the trainer's policy)";
 const CHARTS = [
   ["reward", "reward and accuracy", [/^reward\/mean$/, /^reward\/accuracy$/, /^eval\/pass@1$/, /^eval\/success/]],
   ["lengths", "response length (tokens)", [/^response\/length_(mean|max)$/]],
@@ -12,6 +15,12 @@ const CHARTS = [
   ["samples", "samples/s", [/^perf\/samples_per_s$/]],
   ["tokens", "tokens/s", [/^perf\/tokens_per_s$/]],
   ["stale", "staleness (versions behind)", [/^train\/staleness_(mean|max)$/]],
+  ["offpolicy-ess", "effective sample size of π_old/μ (1: on-policy)", [/^offpolicy\/ess(_seq)?$/],
+   { group: OFFPOLICY, range: [0, 1.05] }],
+  ["offpolicy-masked", "share of tokens masked or truncated", [/^offpolicy\/(masked|truncated)_frac$/], { group: OFFPOLICY }],
+  ["offpolicy-kl", "KL(μ ‖ π_old)", [/^offpolicy\/kl_mu_pi_old$/], { group: OFFPOLICY }],
+  ["offpolicy-grad", "grad norm by staleness bucket (versions behind)", [/^offpolicy\/grad_norm_stale_/],
+   { group: OFFPOLICY, markers: true }],
 ];
 // Axes: "~g" ticks read 0.0001, 12000 and 4e-13 as such (plotly's default SI prefixes gave "400f" for a KL
 // of 4e-13 and "100μ" for 1e-4). The mode bar stands upright in the right margin: across the top it
@@ -88,25 +97,35 @@ async function loadCharts() {
   state.rows = data.rows; state.gen = data.generation;
   const keys = Object.keys(data.series);
   $("charts").replaceChildren();
-  for (const [id, chartTitle, patterns] of CHARTS) {
+  let group;
+  for (const [id, chartTitle, patterns, opts = {}] of CHARTS) {
     const mine = keys.filter((k) => patterns.some((p) => p.test(k)));
     if (!mine.length && id !== "reward") continue;
+    if (opts.group && opts.group !== group) {
+      const h = document.createElement("h2"); h.className = "chart-group"; h.textContent = opts.group; $("charts").appendChild(h);
+    }
+    group = opts.group;
     const div = document.createElement("div"); div.id = "chart-" + id; $("charts").appendChild(div);
     state.keys[id] = mine;
-    const traces = mine.map((k) => ({ x: data.series[k].x, y: data.series[k].y, name: k, mode: "lines", type: "scatter", ...TRACE_STYLE[k] }));
-    Plotly.newPlot(div, traces, { ...LAYOUT, title: title(chartTitle) }, CONFIG);
+    const mode = opts.markers ? "lines+markers" : "lines";
+    const traces = mine.map((k) => ({ x: data.series[k].x, y: data.series[k].y, name: k, mode, marker: { size: 4 }, type: "scatter", ...TRACE_STYLE[k] }));
+    const yaxis = opts.range ? { ...YAXIS, range: opts.range, autorange: false } : YAXIS;
+    Plotly.newPlot(div, traces, { ...LAYOUT, yaxis, title: title(chartTitle) }, CONFIG);
   }
 }
 
 function addRows(rows) {
+  // A key that first appears now and that a chart draws (eval/pass@1 at an eval step, a staleness bucket's
+  // first grad norm, whose chart may not be there yet): draw the charts again.
+  const drawn = new Set(Object.values(state.keys).flat());
+  const fresh = [...new Set(rows.flatMap(Object.keys))].filter((k) => !drawn.has(k) && CHARTS.some((c) => c[2].some((p) => p.test(k))));
+  if (fresh.length) return loadCharts().then(connect);
   for (const [id, keys] of Object.entries(state.keys)) {
     const div = $("chart-" + id); if (!div) continue;
     const xs = keys.map(() => []), ys = keys.map(() => []);
     for (const row of rows) keys.forEach((k, i) => { if (k in row) { xs[i].push(row.step); ys[i].push(row[k]); } });
     const idx = keys.map((_, i) => i).filter((i) => xs[i].length);
     if (idx.length) Plotly.extendTraces(div, { x: idx.map((i) => xs[i]), y: idx.map((i) => ys[i]) }, idx);
-    const fresh = [...new Set(rows.flatMap(Object.keys))].filter((k) => !keys.includes(k) && CHARTS.find((c) => c[0] === id)[2].some((p) => p.test(k)));
-    if (fresh.length) return loadCharts().then(connect); // a key that first appears now (eval/pass@1 at an eval step)
   }
 }
 
