@@ -118,6 +118,10 @@ def test_gem_same_seed_same_episode_and_a_bad_id_is_one_line():
 
     cls = resolve_env_class("gem:rg:basic_arithmetic")
     assert cls().reset(5) == cls().reset(5) != cls().reset(6)
+    played = cls(size=3)  # a reasoning-gym env draws from a new dataset every `size` resets
+    for seed in (1, 2, 3, 4):
+        played.reset(seed)
+    assert played.reset(5) == cls(size=3).reset(5)  # the instance's history does not matter
     line = config_error("env.name=gem:game:GuessTheNumbr-v0-easy")
     assert "env.name 'gem:game:GuessTheNumbr-v0-easy': no environment" in line
     assert "did you mean 'game:GuessTheNumber-v0-easy'" in line

@@ -47,9 +47,15 @@ class GemEnv:
     gem_id = ""
 
     def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
         self.env = _import_gem().make(self.gem_id, **kwargs)
 
     def reset(self, seed: int) -> ResetReturn:
+        # A fresh environment per episode (gem.make takes about a millisecond): some carry
+        # state across resets (a reasoning-gym env draws from a new dataset every `size`
+        # resets), and a group's episodes, played on different instances, must match.
+        self.close()
+        self.env = _import_gem().make(self.gem_id, **self.kwargs)
         with _RESET_LOCK:
             obs, info = self.env.reset(seed=seed)
         return str(obs), dict(info or {})
