@@ -9,37 +9,10 @@ from __future__ import annotations
 import importlib
 import inspect
 
+from cadence.builtin_envs import BUILTIN_ENVS
 from cadence.envs.contract import contract_problems
 from cadence.envs.hubs import HUBS, hub_of, resolve_hub_env, version_of
 from cadence.python_spec import PYTHON_PREFIX, load_python_object
-
-# name -> (module:Class, one line for `cadence envs`; its kwargs are read from the class itself)
-BUILTIN_ENVS: dict[str, tuple[str, str]] = {
-    "frozenlake": (
-        "cadence.envs.frozenlake:FrozenLakeEnv",
-        "gymnasium FrozenLake on a random map per seed; text grid; Left/Down/Right/Up; "
-        "reward 1 at the goal",
-    ),
-    "sokoban": (
-        "cadence.envs.sokoban:SokobanEnv",
-        "generated rooms with 1-2 boxes, each checked solvable by BFS; text grid; "
-        "Up/Down/Left/Right; reward 1 when every box is on a goal",
-    ),
-    "code": (
-        "cadence.envs.code_env:CodeEnv",
-        "a computation task; the model runs Python (```python blocks) and sees the output, "
-        "then answers <answer>..</answer>; reward 1 if right",
-    ),
-    "gymnasium": (
-        "cadence.envs.gym_adapter:GymnasiumEnv",
-        "any gymnasium env id with a text rendering or text observations",
-    ),
-    "textarena": (
-        "cadence.envs.textarena_adapter:TextArenaEnv",
-        "a single-player TextArena game, e.g. id=GuessTheNumber-v0 "
-        "(optional extra: pip install 'cadence[envs-textarena]')",
-    ),
-}
 
 WRAPPERS = {
     "latency": "env.latency.*: per-step delay ~ max(0, N(mean_s, std_s)), a fail_slow_share "

@@ -35,6 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cadence.builtin_envs import BUILTIN_ENVS
 from cadence.sandbox.auth import AdminOnly, owner_filter
 from cadence.sandbox.client import Sandbox
 from cadence.sandbox.isolation import CODE_ROOT, Mount
@@ -122,8 +123,6 @@ def _package_mount(module: str, where: str) -> Mount:
 
 def resolve_env(name: str) -> tuple[str | None, str, Mount]:
     """An env name as (module or None for a file, class, the mount the sandbox needs)."""
-    from cadence.envs.registry import BUILTIN_ENVS
-
     if name in BUILTIN_ENVS:
         module, _, cls = BUILTIN_ENVS[name][0].partition(":")
         return module, cls, _package_mount(module, f"environment {name!r}")
