@@ -166,14 +166,18 @@ def test_the_warm_up_transcripts_are_the_chat_template_rendering():
 
 
 @pytest.mark.slow
-def test_the_demo_config_trains_two_steps(tmp_path):
+def test_the_demo_config_trains_two_steps_and_evaluates_the_agent(tmp_path, monkeypatch):
     from cadence.config import load_config
     from cadence.recipes.train_rlvr import train
 
+    monkeypatch.chdir(ROOT)  # the example names its agent by a path from the checkout's root
     cfg = load_config(str(ROOT / "examples" / "agents" / "calculator.yaml"), [
-        "trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.every=0",
-        "eval.before=false", "task.test_size=4", f"logging.run_dir={tmp_path / 'run'}",
+        "trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "task.test_size=4",
+        "eval.every=0", "logging.progress=false", "logging.tensorboard=false", f"logging.run_dir={tmp_path}/run",
     ])
     summary = train(cfg)
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics if "train/loss" in m or "loss" in m][-1] == 2, summary
+    assert summary.eval_before.prompts == 4 and summary.eval_after.prompts == 4
+    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
+    assert steps[-1]["agent/runs_lost_total"] == 0 and steps[-1]["agent/rerender"] == 0
+    assert steps[-1]["progress/samples_total"] == 2 * 2 * 4  # 2 steps of 2 problems x 4 runs, one sample each
