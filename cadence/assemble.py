@@ -11,12 +11,14 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
+import torch
+
 from cadence.config import RunConfig
 from cadence.data.build import build_task
 from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
-from cadence.models.loading import load_policy, load_tokenizer
+from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.events import Timeline
 from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
@@ -24,8 +26,14 @@ from cadence.rollout.producer import GroupProducer
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.worker import RolloutWorker, worker_quotas
+from cadence.runtime.hosted import RemoteCredit, RemoteCritics
 from cadence.runtime.placement import WorkerGroup
 from cadence.runtime.threads import configure_threads
+from cadence.runtime.trainer_group import TrainerGroup
+from cadence.train.credit import AttentionCredit
+from cadence.train.critics import CriticEnsemble
+from cadence.train.data_parallel import DataParallel
+from cadence.train.trainer import PolicyTrainer
 
 # Training prompts are walked in shuffled blocks of this many: fixed, so the data order does
 # not depend on trainer.steps (the default job's 200 steps x 16 prompts are exactly one block,
@@ -74,11 +82,64 @@ class ConfiguredRolloutWorker(RolloutWorker):
 
 def rollout_workers(cfg: RunConfig) -> WorkerGroup:
     """The run's rollout workers, in this process or as Ray actors (runtime.kind)."""
+    replicated = _replicated(cfg)
     return WorkerGroup(
         functools.partial(ConfiguredRolloutWorker, cfg), cfg.runtime, cfg.run_dir(),
-        background=cfg.rollout.async_ratio > 0, replicated=_replicated(cfg),
-        trainer_device=cfg.trainer.device,
+        background=cfg.rollout.async_ratio > 0, replicated=replicated, trainer_device=cfg.trainer.device,
     )
+
+
+def run_trainer(cfg: RunConfig, pad_id: int, state: dict | None = None) -> PolicyTrainer | TrainerGroup:
+    """The run's trainer: a `PolicyTrainer` in this process, or `runtime.trainer_workers`
+    data-parallel ranks (a `TrainerGroup`; this process keeps a copy of the policy to export),
+    from a resumed run's checkpoint `state` when given."""
+    weights = state["weights"] if state is not None else None
+    if cfg.runtime.trainer_workers == 1:
+        return build_trainer(cfg, pad_id, weights)
+    checkpoint = str(state["path"]) if state is not None else None
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    if weights is not None:
+        policy.load_state_dict(weights)
+    build = functools.partial(build_rank_trainer, cfg, pad_id, checkpoint)
+    return TrainerGroup(build, cfg.trainer, cfg.runtime, model=policy)
+
+
+def build_trainer(
+    cfg: RunConfig, pad_id: int, weights: dict[str, torch.Tensor] | None = None, dp: DataParallel | None = None
+) -> PolicyTrainer:
+    """The trainer starting from `cfg.model.path`, or from `weights` (a resumed run's); the KL
+    reference is always the starting model."""
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 else None
+    if weights is not None:
+        policy.load_state_dict(weights)
+    critics = None
+    if cfg.runtime.critic_actor:
+        critics = RemoteCritics(
+            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus,
+            cfg.runtime.critic_resources,
+        )
+    elif cfg.algorithm.uses_critics:
+        critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
+    credit = None
+    if cfg.runtime.credit_actor:
+        credit = RemoteCredit(
+            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus,
+            cfg.runtime.critic_resources, max_restarts=cfg.runtime.actor_restarts, run_dir=cfg.run_dir(),
+        )
+    elif cfg.algorithm.credit != "none":
+        credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)
+    return PolicyTrainer(
+        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, pad_id, reference,
+        critics=critics, credit=credit, dp=dp,
+    )
+
+
+def build_rank_trainer(cfg: RunConfig, pad_id: int, checkpoint: str | None, dp: DataParallel) -> PolicyTrainer:
+    """One data-parallel rank's trainer, from the run's checkpoint folder when resuming."""
+    torch.manual_seed(cfg.seed)
+    weights = load_policy(checkpoint, cfg.model.dtype).state_dict() if checkpoint else None
+    return build_trainer(cfg, pad_id, weights, dp)
 
 
 def _replicated(cfg: RunConfig) -> bool:
