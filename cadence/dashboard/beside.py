@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cadence.config import RunConfig
 from cadence.ports import free_port
 
 
@@ -37,8 +36,9 @@ def _port_free(port: int) -> bool:
         return s.getsockname()[1] > 0
 
 
-def start_beside(cfg: RunConfig, run_dir: Path) -> BesideDashboard | None:
-    port = cfg.logging.dashboard_port or free_port()
+def start_beside(port: int, run_dir: Path) -> BesideDashboard | None:
+    """The dashboard of `run_dir`'s parent folder on `port` (logging.dashboard_port; 0: any free port)."""
+    port = port or free_port()
     if not _port_free(port):
         print(f"note: logging.dashboard: port {port} is taken (a dashboard already running? it shows this run "
               f"too if it serves {run_dir.parent}); set logging.dashboard_port=0 for any free port", flush=True)

@@ -8,7 +8,6 @@ ratio 0: the buffer then only hands out groups of the current policy version.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -16,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from cadence.assemble import rollout_workers
+from cadence.assemble import rollout_workers, run_trainer
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
-from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
+from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.flat_rewards import FlatRewardWatch
 from cadence.observe.metrics import MetricsLogger, read_jsonl
 from cadence.observe.progress import TrainingBar
@@ -29,17 +28,12 @@ from cadence.observe.run_name import choose_run_name
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
-from cadence.runtime.hosted import RemoteCredit, RemoteCritics
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
-from cadence.train.credit import AttentionCredit
-from cadence.train.critics import CriticEnsemble
-from cadence.train.data_parallel import DataParallel
 from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
-from cadence.train.trainer import PolicyTrainer
 
 
 @dataclass
@@ -97,7 +91,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
     workers = None
     status = progress["status"] = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows
     status.start()
-    dashboard = start_beside(cfg, run_dir) if cfg.logging.dashboard else None
+    dashboard = start_beside(cfg.logging.dashboard_port, run_dir) if cfg.logging.dashboard else None
     try:
         workers = rollout_workers(cfg)  # engines, rewards and prompts: in-process or Ray actors
         summary = _train(cfg, run_dir, workers, resume, progress)
@@ -122,17 +116,8 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
 
     tokenizer = load_tokenizer(cfg.model.path)
     state = _resume_state(run_dir) if resume else None
-    weights = state["weights"] if state is not None else None
-    if cfg.runtime.trainer_workers > 1:  # data-parallel ranks; this process keeps a copy to export
-        checkpoint = str(state["path"]) if state is not None else None
-        build = functools.partial(build_rank_trainer, cfg, tokenizer.pad_token_id, checkpoint)
-        policy = load_policy(cfg.model.path, cfg.model.dtype)
-        if weights is not None:
-            policy.load_state_dict(weights)
-        trainer = TrainerGroup(build, cfg.trainer, cfg.runtime, model=policy)
-    else:
-        trainer = build_trainer(cfg, tokenizer.pad_token_id, weights)
-        policy = trainer.model
+    trainer = run_trainer(cfg, tokenizer.pad_token_id, state)
+    policy = trainer.model  # data parallel: the driver's copy, given the ranks' weights at each sync
 
     start_step, counters = 0, {"samples": 0, "tokens": 0}
     eval_before = eval_after = None
@@ -270,44 +255,6 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
     write_summary(summary, counters, rollout_metrics)
     return summary
-
-
-def build_trainer(
-    cfg: RunConfig, pad_id: int, weights: dict[str, torch.Tensor] | None = None, dp: DataParallel | None = None
-) -> PolicyTrainer:
-    """The trainer starting from `cfg.model.path`, or from `weights` (a resumed run's); the KL
-    reference is always the starting model."""
-    policy = load_policy(cfg.model.path, cfg.model.dtype)
-    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 else None
-    if weights is not None:
-        policy.load_state_dict(weights)
-    critics = None
-    if cfg.runtime.critic_actor:
-        critics = RemoteCritics(
-            cfg.algorithm.critic, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size, cfg.runtime.critic_cpus,
-            cfg.runtime.critic_resources,
-        )
-    elif cfg.algorithm.uses_critics:
-        critics = CriticEnsemble(cfg.algorithm.critic, policy, cfg.model.path, cfg.seed, cfg.trainer.micro_batch_size)
-    credit = None
-    if cfg.runtime.credit_actor:
-        credit = RemoteCredit(
-            policy, cfg.model.path, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id, cfg.runtime.credit_cpus,
-            cfg.runtime.critic_resources, max_restarts=cfg.runtime.actor_restarts, run_dir=cfg.run_dir(),
-        )
-    elif cfg.algorithm.credit != "none":
-        credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)
-    return PolicyTrainer(
-        policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, pad_id, reference,
-        critics=critics, credit=credit, dp=dp,
-    )
-
-
-def build_rank_trainer(cfg: RunConfig, pad_id: int, checkpoint: str | None, dp: DataParallel) -> PolicyTrainer:
-    """One data-parallel rank's trainer, from the run's checkpoint folder when resuming."""
-    torch.manual_seed(cfg.seed)
-    weights = load_policy(checkpoint, cfg.model.dtype).state_dict() if checkpoint else None
-    return build_trainer(cfg, pad_id, weights, dp)
 
 
 def write_summary(summary: RunSummary, counters: dict, rollout: dict) -> Path:

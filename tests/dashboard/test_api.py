@@ -88,7 +88,7 @@ def test_dashboard_beside_a_run_serves_and_stops(runs_root: Path, capsys) -> Non
 
     cfg = load_config(None, ["logging.dashboard=true", "logging.dashboard_port=0", "logging.name=done",
                              f"logging.run_dir={runs_root}/{{name}}"])
-    beside = start_beside(cfg, cfg.run_dir())
+    beside = start_beside(cfg.logging.dashboard_port, cfg.run_dir())
     try:
         assert beside.url in capsys.readouterr().out and beside.url.endswith("/#/run/done")
         deadline = time.monotonic() + 60
