@@ -11,7 +11,7 @@ import inspect
 
 from cadence.builtin_envs import BUILTIN_ENVS
 from cadence.envs.contract import contract_problems
-from cadence.envs.hubs import HUBS, hub_of, resolve_hub_env, version_of
+from cadence.envs.hubs import HUBS, hub_of, install_state, resolve_hub_env
 from cadence.python_spec import PYTHON_PREFIX, load_python_object
 
 WRAPPERS = {
@@ -76,9 +76,7 @@ def envs_command() -> None:
         typer.echo(f"  {name:<11} {line}")
     typer.echo("environment hubs (env.name=HUB:ID; verifiers: an agent):")
     for prefix, hub in HUBS.items():
-        version = version_of(hub)
-        state = f"{hub.distribution} {version}" if version else f"not installed: {hub.install}"
-        typer.echo(f"  {prefix:<11} {hub.what}; e.g. {hub.example} ({state})")
+        typer.echo(f"  {prefix:<11} {hub.what}; e.g. {hub.example} ({install_state(hub)})")
     typer.echo("wrappers:")
     for name, line in WRAPPERS.items():
         typer.echo(f"  {name:<11} {line}")

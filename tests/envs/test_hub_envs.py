@@ -84,6 +84,19 @@ def test_cadence_envs_lists_every_hub_with_its_state():
         assert hub.example in listed and (hub.distribution in listed or hub.install in listed)
 
 
+def test_a_hub_at_a_version_its_adapter_does_not_support_says_which_it_needs():
+    from importlib.metadata import version
+
+    from cadence.envs.hubs import Hub, install_state
+
+    def hub(supported: str) -> Hub:  # pytest as a stand-in hub package: installed wherever this runs
+        return Hub("cadence.envs.hubs.gem", "pytest", "pytest", "test", "env.name=x:y", "a hub", supported)
+
+    assert install_state(hub("")) == install_state(hub(">=1")) == f"pytest {version('pytest')}"
+    assert install_state(hub("<1")) == f"pytest {version('pytest')}, but this adapter needs pytest<1: " \
+                                       "pip install 'cadence[test]'"
+
+
 def test_an_unknown_hub_or_an_empty_id_is_one_line():
     assert "hubs: gem:ID, skyrl:ID, openenv:ID, verifiers:ID" in config_error("env.name=gemm:game:X")
 

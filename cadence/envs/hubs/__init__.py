@@ -35,6 +35,7 @@ class Hub:
     extra: str  # cadence's optional extra that installs it
     example: str  # a setting that works once it is installed
     what: str
+    supported: str = ""  # the versions the adapter works with (a PEP 440 specifier), "" for any
 
     @property
     def install(self) -> str:
@@ -61,6 +62,7 @@ HUBS: dict[str, Hub] = {
         "cadence.envs.hubs.verifiers", "verifiers", "verifiers", "envs-verifiers",
         "agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=ID",
         "verifiers environments (the Environments Hub), trained as agents through the endpoint",
+        supported=">=0.3.1,<0.4",
     ),
 }
 
@@ -79,6 +81,18 @@ def version_of(hub: Hub) -> str | None:
         return importlib.metadata.version(hub.distribution)
     except importlib.metadata.PackageNotFoundError:
         return "installed"
+
+
+def install_state(hub: Hub) -> str:
+    """What `cadence envs` says of a hub: its version, or what to install."""
+    from packaging.specifiers import SpecifierSet
+
+    version = version_of(hub)
+    if version is None:
+        return f"not installed: {hub.install}"
+    if not hub.supported or version == "installed" or version in SpecifierSet(hub.supported):
+        return f"{hub.distribution} {version}"
+    return f"{hub.distribution} {version}, but this adapter needs {hub.distribution}{hub.supported}: {hub.install}"
 
 
 def resolve_hub_env(name: str) -> type:
