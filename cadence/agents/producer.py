@@ -99,6 +99,7 @@ class AgentProducer:
         self.max_retries = 2 * group_size if max_retries is None else max_retries
         self.errors = errors or AgentErrorReport("the agent", echo=False)
         self.next = first_key
+        self.skip: set[int] = set()  # keys past `next` already trained on (a resumed run skips them)
         self.version = 0
         self.counts: Counter[str] = Counter()
         self.first_failure: str | None = None
@@ -108,6 +109,9 @@ class AgentProducer:
 
     # -- the producer protocol -------------------------------------------------
     def next_key(self) -> int:
+        while self.next in self.skip:  # trained on before a resume
+            self.skip.discard(self.next)
+            self.next += 1
         key, self.next = self.next, self.next + 1
         return key
 
@@ -184,11 +188,14 @@ class AgentProducer:
         return {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
 
     def state_dict(self, trained: TrainedKeys) -> dict:
-        return {"next_key": self.next}
+        """Every task not trained on yet is owed: groups in flight, in the buffer or dropped were
+        never trained on, so a resumed run plays their tasks again; trained ones are never replayed."""
+        return {"next_key": trained.below, "skip": sorted(trained.above)}
 
     def load_state_dict(self, state: dict) -> TrainedKeys:
         self.next = state["next_key"]
-        return TrainedKeys(self.next)
+        self.skip = set(state.get("skip", ()))
+        return TrainedKeys(self.next, self.skip)
 
     async def cancel(self) -> None:
         runs = [r for _, group in self.open.values() for r in group]

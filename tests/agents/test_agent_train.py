@@ -99,7 +99,8 @@ def test_a_resumed_agent_run_goes_on_with_the_next_tasks(agent_file, tmp_path):
     longer = load_config(None, overrides(agent_file, run_dir, "checkpoint.every=1", "trainer.steps=3"))
     train(longer, resume=True, allow_change=["trainer.steps"])
     assert [r["step"] for r in steps(run_dir)] == [1, 2, 3]
-    # Step 3 trains the groups after the 8 of steps 1-2 (synchronous: nothing in flight at a step's end).
+    # Step 3 plays the tasks after the 8 trained in steps 1-2: tasks already started when the checkpoint
+    # was written (the next step's, admitted as the weights went out) were never trained on, so are owed.
     tasks = agent_tasks(cfg)[0]
     assert sorted(json.loads(line) for line in log.read_text().splitlines()) == sorted(
         t["prompt"] for t in tasks[8:12] for _ in range(4))

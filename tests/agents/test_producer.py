@@ -116,3 +116,15 @@ def test_a_run_that_rewrites_its_history_is_several_samples_with_its_whole_rewar
         batch = collate(group.samples, pad_id=0)
         assert int(batch.mask.sum()) == sum(len(r.token_ids) for r in group_requests)
         assert producer.endpoint.metrics()["agent/rewrite"] == (3 + 2 if summarise else 0)
+
+
+def test_a_resumed_producer_owes_the_tasks_not_trained_on_and_skips_the_trained_ones():
+    producer, *_ = play(calculator_agent, [{"a": 2, "b": 3}], keys=0)
+    trained = TrainedKeys()
+    for key in (0, 1, 3):  # key 2 was in flight (or dropped) when the checkpoint was written
+        trained.add(key)
+    state = producer.state_dict(trained)
+    resumed, *_ = play(calculator_agent, [{"a": 2, "b": 3}], keys=0)
+    keys = resumed.load_state_dict(state)
+    assert (keys.below, keys.above) == (2, {3})
+    assert [resumed.next_key() for _ in range(3)] == [2, 4, 5]
