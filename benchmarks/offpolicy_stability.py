@@ -273,11 +273,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds, alphas = ([0], [0, 2]) if args.quick else (args.seeds, args.alphas)
     data = DATA if args.out is None else args.out.parent / "offpolicy-carry"
     write_carry_task(data)
-    # The alphas the acceptance reads (0, 8, 16) first, so a grid cut short still answers it;
-    # within them critic runs, the slowest, start first so the pool does not end on one.
+    # The alphas the acceptance reads (0, 8, 16) first, then the others from the largest down (if
+    # nothing holds at 8, the question is the largest alpha where something does), so a grid cut
+    # short still answers it; critic runs, the slowest, start first so the pool does not end on one.
     cells = sorted(
         ((loss, ALL_LOSSES[loss], alpha, seed) for seed in seeds for alpha in alphas for loss in args.losses),
-        key=lambda c: (c[2] not in FIRST_ALPHAS, not c[0].startswith("asyppo"), c[3], c[2]),
+        key=lambda c: (c[2] not in FIRST_ALPHAS, -c[2] if c[2] not in FIRST_ALPHAS else 0,
+                       not c[0].startswith("asyppo"), c[3], c[2]),
     )
     out = args.out or (None if args.quick else RESULTS)
     partial = None if out is None else out.with_suffix(".partial.jsonl")
