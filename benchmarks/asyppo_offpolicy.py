@@ -1,6 +1,6 @@
 """AsyPPO at off-policy ratio 8: why it collapses on the carry task, and what makes it hold (issue 27).
 
-    python benchmarks/asyppo_offpolicy.py          # the table in docs/asyppo.md (11 variants x 3 seeds)
+    python benchmarks/asyppo_offpolicy.py          # the table in docs/asyppo.md (14 variants x 3 seeds)
     python benchmarks/asyppo_offpolicy.py --variants icepop m2po --seeds 0 --out /tmp/a.json   # probes
 
 The setting is benchmarks/offpolicy_stability.py's (`overrides`): the carry
@@ -67,9 +67,9 @@ VARIANTS: dict[str, tuple[int, list[str]]] = {
 }
 # The documented table (docs/asyppo.md), 3 seeds each; the other variants were one-seed probes.
 TABLE = (
-    "sync (alpha 0), pi_old/mu weight", "no correction", "pi_old/mu weight (default)", "weight, no masks",
-    "weight, centred advantages", "weight, scaled advantages", "weight, whitened advantages",
-    "weight, grad_clip 0.2", "weight, lr 1e-4", "topr loss", "topr, whitened advantages",
+    "sync (alpha 0), pi_old/mu weight", "sync (alpha 0), whitened", "no correction", "pi_old/mu weight (default)",
+    "weight, no masks", "weight, centred advantages", "weight, scaled advantages", "weight, whitened advantages",
+    "weight, grad_clip 0.2", "weight, lr 1e-4", "icepop", "m2po", "topr loss", "topr, whitened advantages",
 )
 # Which half of whitening acts: these variants replace `whiten` (x - mean) / std by one half of it.
 WHITEN_HALF = {"weight, centred advantages": "centre", "weight, scaled advantages": "scale"}
