@@ -29,7 +29,7 @@ from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
 from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
-from cadence.runtime.split import measured_split
+from cadence.runtime.split import Split, measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
 from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
@@ -251,8 +251,9 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     split = measured_split(
         records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
     )
-    _print_summary(cfg, run_dir, seconds, counters, eval_before, eval_after, threads, rollout_metrics, split)
     summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
+    runtime = f"{cfg.runtime.kind}, async ratio {cfg.rollout.async_ratio}, trainer threads {threads}"
+    _print_summary(summary, counters, rollout_metrics, split, runtime, held_out_label(cfg.env is not None))
     write_summary(summary, counters, rollout_metrics)
     return summary
 
@@ -289,20 +290,24 @@ def _resume_state(run_dir: Path) -> dict | None:
     return state
 
 
-def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, rollout, split) -> None:
+def _print_summary(
+    summary: RunSummary, counters: dict, rollout: dict, split: Split | None, runtime: str, held_out: str
+) -> None:
+    """The end-of-run table; `runtime` and `held_out` (what evaluation measures) as printed."""
+    before, after = summary.eval_before, summary.eval_after
     rows = [
-        ("run dir", str(run_dir)),
-        ("steps", str(cfg.trainer.steps)),
+        ("run dir", str(summary.run_dir)),
+        ("steps", str(summary.steps)),
         ("samples trained", str(counters["samples"])),
-        ("wall time (this process)", f"{seconds:.1f} s"),
-        ("runtime", f"{cfg.runtime.kind}, async ratio {cfg.rollout.async_ratio}, trainer threads {threads}"),
+        ("wall time (this process)", f"{summary.seconds:.1f} s"),
+        ("runtime", runtime),
         ("reward errors (contained)", str(int(rollout.get("rollout/reward_errors_total", 0)))),
         ("stale groups dropped", str(int(rollout.get("buffer/dropped_groups", 0)))),
     ]
     if before is not None:
-        rows.append((f"{held_out_label(cfg.env is not None)} before", f"{before.pass_at_1:.3f}"))
+        rows.append((f"{held_out} before", f"{before.pass_at_1:.3f}"))
     if after is not None:
-        rows.append((f"{held_out_label(cfg.env is not None)} after", f"{after.pass_at_1:.3f}"))
+        rows.append((f"{held_out} after", f"{after.pass_at_1:.3f}"))
     if before is not None and after is not None:
         rows.append(("change", f"{100 * (after.pass_at_1 - before.pass_at_1):+.1f} points"))
     if split is not None:
@@ -315,5 +320,5 @@ def _print_summary(cfg, run_dir, seconds, counters, before, after, threads, roll
                 f"{train_cores} training cores)",
             )
         )
-    rows.append(("reward curve", str(run_dir / "reward_curve.png")))
+    rows.append(("reward curve", str(summary.run_dir / "reward_curve.png")))
     print_summary(rows)
