@@ -26,6 +26,8 @@ training) x loss (`LOSSES`, the default grid; `EXTRA_LOSSES` by --losses):
   asyppo, no correction  algorithm.name=asyppo algorithm.mismatch.mode=none
                          (the paper's PPO: only its two mini-critics)
   asyppo + pi_old/mu     algorithm.name=asyppo with the default token weight
+  asyppo + topr +        algorithm.name=asyppo algorithm.loss=topr
+  whitening              algorithm.whiten_advantages=true (the best combination found)
 
 x 3 seeds. Held-out greedy pass@1 every 10 steps (eval.every); per run also the
 mean of the per-step offpolicy/* metrics (ESS, masked share, KL(mu || pi_old))
@@ -33,11 +35,11 @@ and samples/s. Results go to docs/results/offpolicy_stability.json and .png
 and the tables between the offpolicy markers of docs/async.md
 (benchmarks/offpolicy_stability_report.py).
 
-Budget: 11 losses x 6 alphas x 3 seeds = 198 runs of 60 steps, 2 at a time
-with one torch thread each; the 2026-11-23 grid ran 85 s a run on average
-on this machine (2 busy cores), so 198 x 85 s / 2 = 2.3 h (AsyPPO's runs are
-slower and start first so the pool does not end on one). To stay under 3 h on
-a slower day, drop seeds or alphas (--seeds, --alphas), never steps.
+Budget: 12 losses x 6 alphas x 3 seeds = 216 runs of 60 steps, 2 at a time
+with one torch thread each: about 13 s a run on a quiet machine (216 x 13 s / 2
+= 25 min), 60-80 s at load 15-20 (the 2026-11-27 grid, beside other work: about
+2.5 h). A killed grid resumes (the .partial.jsonl file). To stay under 3 h on a
+busy machine, drop seeds or alphas (--seeds, --alphas), never steps.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ LOSSES: dict[str, list[str]] = {
     "topr + token mask": ["algorithm.loss=topr", "algorithm.mismatch.mode=mask"],
     "asyppo, no correction": ["algorithm.name=asyppo", "algorithm.mismatch.mode=none"],
     "asyppo + pi_old/mu weight": ["algorithm.name=asyppo"],
+    # The best combination found for the critics (docs/asyppo.md#asyppo-off-policy).
+    "asyppo + topr + whitening": ["algorithm.name=asyppo", "algorithm.loss=topr", "algorithm.whiten_advantages=true"],
 }
 # Measured on 2026-11-23 (docs/async.md), left out of the default grid to fit its budget.
 EXTRA_LOSSES: dict[str, list[str]] = {
