@@ -18,6 +18,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+from cadence.dashboard.episodes import lost_episodes, tool_formats, with_tool_calls
 from cadence.dashboard.matching import MATCH_TIMEOUT_S, matching
 from cadence.dashboard.run_files import (
     UNREADABLE,
@@ -187,8 +188,9 @@ class RunReader:
 
     def group(self, step: int, group_id: int) -> list[dict[str, Any]]:
         found = [dict(s) for s in self.samples if s["step"] == step and s["group_id"] == group_id]
+        formats = tool_formats(read_config(self.dir)[0]) if found else ()
         for s in found:
-            s["turns"] = turns(s)
+            s["turns"] = with_tool_calls(turns(s), formats)
         return sorted(found, key=lambda s: s["index"])
 
     def details(self) -> dict[str, Any]:
@@ -204,6 +206,7 @@ class RunReader:
             "summary": read_json(self.dir / "summary.json"),
             "checkpoints": sorted((p.name for p in ckpt.iterdir() if p.is_dir()), key=_step_of) if ckpt.is_dir() else [],
             "reward_errors": _text(self.dir / "reward_errors.log", limit=20000),
+            "lost_episodes": lost_episodes(self.dir, last_record(self.dir / "metrics.jsonl") or {}),
             "resume_changes": _text(self.dir / "resume_changes.yaml"),
         }
 

@@ -52,6 +52,59 @@ def write_run(root: Path, name: str, steps: int, finish: bool = True, mask: list
     return run
 
 
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+# An agent episode as the endpoint's recorder sees it: the model's reply calls a tool, the agent
+# inserts the tool's result (loss mask 0) and asks again, the model answers.
+AGENT_PROMPT = "<user>What is 6*7?</user><assistant>"
+AGENT_CALL = 'Let me compute.<tool_call>{"name": "calc", "arguments": {"expr": "<i>6*7</i>"}}</tool_call><end>'
+AGENT_RESULT = "<tool>42</tool><assistant>"
+AGENT_ANSWER = "It is 42.<end>"
+
+
+def write_agent_run(root: Path, name: str) -> Path:
+    """A finished agent run whose sample log holds one episode with a tool call, recorded by the
+    agents' own Trajectory and written by the SampleLog."""
+    from cadence.agents.trajectory import Trajectory
+    from cadence.inference.types import GenResult
+
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("trainer:\n  steps: 1\nagent:\n  name: python:my_agents:run\n"
+                                     "  endpoint:\n    tool_format: hermes\n")
+    trajectory = Trajectory("run-1")
+    for prompt, reply in ((AGENT_PROMPT, AGENT_CALL), (AGENT_PROMPT + AGENT_CALL + AGENT_RESULT, AGENT_ANSWER)):
+        result = GenResult("r", ids(prompt), ids(reply), [-0.25] * len(reply), "stop", reply, 0, 0)
+        trajectory.record(ids(prompt), [result], None)
+    samples = trajectory.samples(1.0, group_id=0, prompt_id="task-0")
+    log = SampleLog(run, CharTokenizer(), every=1)
+    log.log(1, 0, [Group(0, "task-0", samples)])
+    log.close()
+    MetricsLogger(run, {}, tensorboard=False).log(1, {"reward/mean": 1.0})
+    return run
+
+
+def write_failing_env_run(root: Path, name: str) -> Path:
+    """A run whose environment raised in step (env_errors.log written by the EnvErrorReport) and
+    stopped: 9 episodes lost."""
+    from cadence.envs.runner import EnvFailure
+    from cadence.rollout.env_errors import EnvErrorReport
+
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("trainer:\n  steps: 4\nenv:\n  name: python:games:Broken\n")
+    report = EnvErrorReport("python:games:Broken", run / "env_errors.log", echo=False)
+    tb = 'Traceback (most recent call last):\n  File "games.py", line 9, in step\nValueError: <b>no move</b>\n'
+    for seed in range(9):
+        report.lost(EnvFailure("raised", "step", "step: ValueError: <b>no move</b>", traceback=tb), seed)
+    report.lost(EnvFailure("timeout", "reset", "reset took longer than 5 s"), 9)
+    MetricsLogger(run, {}, tensorboard=False).log(1, {"rollout/episodes_lost_raised_total": 9.0,
+                                                      "rollout/episodes_lost_timeout_total": 1.0})
+    return run
+
+
 @pytest.fixture
 def runs_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"

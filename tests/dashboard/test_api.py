@@ -10,7 +10,13 @@ import httpx
 import pytest
 
 from cadence.dashboard.app import create_app, plotly_js
-from tests.dashboard.conftest import write_run
+from tests.dashboard.conftest import (
+    AGENT_ANSWER,
+    AGENT_RESULT,
+    write_agent_run,
+    write_failing_env_run,
+    write_run,
+)
 from tests.dashboard.serving import local_client, serving, sse_events
 
 
@@ -135,3 +141,29 @@ def test_rhythm_of_an_episode_sample(runs_root: Path) -> None:
     assert any(got["credited"])  # some of the model's tokens got more (or less) than the plain advantage
     assert client.get("/api/runs/rhythm/rhythm/1/0/5").status_code == 404
     assert "credit=none" in client.get("/api/runs/done/rhythm/5/5/0").json()["detail"]
+
+
+def test_agent_episode_shows_tool_call_and_result_as_turns(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_agent_run(root, "agent")
+    client = local_client(create_app(root))
+    [episode] = client.get("/api/runs/agent/samples/1/0").json()
+    turns = episode["turns"]
+    assert [t["role"] for t in turns] == ["model", "call", "tool", "model"]
+    assert "".join(turns[0]["tokens"]) == "Let me compute."
+    assert (turns[1]["name"], json.loads(turns[1]["arguments"])) == ("calc", {"expr": "<i>6*7</i>"})
+    assert "".join(turns[1]["tokens"]).startswith("<tool_call>")
+    assert "".join(turns[2]["tokens"]) == AGENT_RESULT and "".join(turns[3]["tokens"]) == AGENT_ANSWER
+    assert sum(len(t["tokens"]) for t in turns) == len(episode["tokens"])  # every token in one turn
+
+
+def test_failed_episodes_are_listed_with_their_error(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_failing_env_run(root, "broken-env")
+    lost = local_client(create_app(root)).get("/api/runs/broken-env").json()["lost_episodes"]
+    assert lost["lost"] == {"raised": 9, "timeout": 1}
+    assert [r["kind"] for r in lost["reports"]] == ["raised during step", "timeout during reset"]
+    assert "(seed 0)" in lost["reports"][0]["text"] and 'line 9, in step' in lost["reports"][0]["text"]
+    assert "reset took longer than 5 s" in lost["reports"][1]["text"]
+    write_run(root, "fine", steps=1)
+    assert local_client(create_app(root)).get("/api/runs/fine").json()["lost_episodes"] is None

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from cadence.dashboard.app import create_app
 from cadence.dashboard.sandboxes import SandboxService
 from cadence.train.resume import record_changes
-from tests.dashboard.conftest import write_run
+from tests.dashboard.conftest import write_agent_run, write_failing_env_run, write_run
 from tests.dashboard.serving import serving
 
 pytestmark = pytest.mark.slow  # starts a browser
@@ -55,6 +55,7 @@ def plant_evil_run(root: Path) -> Path:
     (run / "summary.json").write_text(json.dumps({"eval_after": {"pass_at_1": P("summary-pass")}, "x": P("summary")}))
     (run / "checkpoints" / P("checkpoint-name")).mkdir(parents=True)
     (run / "reward_errors.log").write_text(P("reward-errors"))
+    (run / "env_errors.log").write_text(P("env-errors"))
     (run / "resume_changes.yaml").write_text(json.dumps([{"changes": {"trainer.steps": {"to": P("resume-steps")}},
                                                           "note": P("resume-text")}]))
     named = root / P("run-name")
@@ -114,6 +115,7 @@ def test_markup_in_every_field_is_shown_as_text(browser, shots, tmp_path: Path) 
             page.wait_for_selector("#details .card")
             assert_nothing_ran(page, "config")
             assert 'push("reward-errors")' in page.inner_text("#details")
+            assert 'push("env-errors")' in page.inner_text("#lost-episodes")
             page.click('#tabs button[data-tab="samples"]')
             page.click("#groups .item >> nth=0")
             page.wait_for_selector("#group .sample .tok.loss")
@@ -203,4 +205,35 @@ def test_offpolicy_metrics_are_a_chart_group_when_a_run_has_them(browser, shots,
             "offpolicy/grad_norm_stale_0", "offpolicy/grad_norm_stale_1", "offpolicy/grad_norm_stale_2-3"]
         assert page.evaluate("() => document.getElementById('chart-offpolicy-kl').data[0].x") == [4, 5, 6]
         shots(page, "offpolicy-charts")
+        page.close()
+
+
+def test_agent_tool_calls_and_lost_episodes_show(browser, shots, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_agent_run(root, "agent")
+    write_failing_env_run(root, "broken-env")
+    with serving(create_app(root, poll_s=0.3)) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url + "/#/run/agent")
+        page.click('#tabs button[data-tab="samples"]')
+        page.click("#groups .item >> nth=0")
+        page.wait_for_selector("#group .sample .turn.call")
+        episode = page.locator("#group .sample >> nth=0")
+        assert [t.get_attribute("class") for t in episode.locator(".turn").all()] == [
+            "turn model", "turn call", "turn tool", "turn model"]
+        assert episode.locator(".turn.call .call-name").inner_text() == "calc"
+        assert '"<i>6*7</i>"' in episode.locator(".turn.call .call-args").inner_text()  # markup shown as text
+        assert episode.locator(".turn.call i").count() == 0
+        assert episode.locator(".turn.call .tok.loss").count() > 0  # the call's tokens carried loss
+        assert "tool result" in episode.locator(".turn.tool").inner_text()
+        assert "42" in episode.locator(".turn.tool").inner_text() and episode.locator(".turn.tool .tok.loss").count() == 0
+        shots(page, "agent-tool-call")
+        page.goto(url + "/#/run/broken-env")
+        page.click('#tabs button[data-tab="config"]')
+        page.wait_for_selector("#lost-episodes")
+        lost = page.inner_text("#lost-episodes")
+        assert "raised: 9" in lost and "timeout: 1" in lost
+        assert "raised during step" in lost and "ValueError: <b>no move</b>" in lost  # escaped, shown as text
+        assert page.locator("#lost-episodes pre b").count() == 0
+        shots(page, "lost-episodes")
         page.close()

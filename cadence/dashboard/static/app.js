@@ -141,6 +141,9 @@ async function loadDetails() {
     ${s ? html`<div class="card"><b>summary</b><pre>${JSON.stringify(s, null, 2)}</pre></div>` : ""}
     <div class="card"><b>checkpoints</b> ${d.checkpoints.join(", ") || html`<span class=muted>none</span>`}</div>
     ${d.reward_errors ? html`<div class="card"><b class="fail">reward errors</b><pre>${d.reward_errors}</pre></div>` : ""}
+    ${d.lost_episodes ? html`<div class="card" id="lost-episodes"><b class="fail">lost episodes</b> ${
+      Object.entries(d.lost_episodes.lost).map(([k, n]) => html`<span class="lost-count">${k}: ${n}</span> `)}${
+      d.lost_episodes.reports.map((r) => html`<div class="lost-kind"><b>${r.kind}</b> (first)<pre>${r.text}</pre></div>`)}</div>` : ""}
     ${d.resume_changes ? html`<div class="card"><b>resume changes</b><pre>${d.resume_changes}</pre></div>` : ""}
     <div class="card"><b>config.yaml</b><pre>${d.config || ""}</pre></div>`);
 }
@@ -173,6 +176,7 @@ async function loadPipeline() {
 }
 
 // ---- samples and episodes -----------------------------------------------------------------
+const TURN_HEAD = { call: "tool call", tool: "tool result" };  // agent runs' turns (episodes.py)
 async function loadGroups() {
   const groups = await api(`/api/runs/${encodeURIComponent(state.run)}/samples`);
   setHtml($("groups"), groups.length ? html`${groups.map((g) =>
@@ -192,12 +196,14 @@ $("groups").addEventListener("click", async (e) => {
     ${samples.map((s) => html`<div class="sample"><div class="meta">#${s.index} · reward <b>${fmt(s.reward)}</b> · version ${s.version}${
       s.finish_version !== null && s.finish_version !== s.version ? "→" + s.finish_version : ""} · staleness ${s.staleness} · ${s.finish_reason}${
       s.reward_error ? html` · <span class="fail">${s.reward_error}</span>` : ""}</div>${
-      s.turns.map((t) => html`<div class="turn ${t.role}">${t.tokens.map((tok, i) => t.role === "env"
-        ? html`<span class="tok" title="observation: no loss">${tok}</span>`
+      s.turns.map((t) => html`<div class="turn ${t.role}">${TURN_HEAD[t.role] ? html`<div class="turn-head">${TURN_HEAD[t.role]}${
+        t.role === "call" ? html` <b class="call-name">${t.name}</b> <code class="call-args">${t.arguments}</code>` : ""}</div>` : ""}${
+        t.tokens.map((tok, i) => t.role === "env" || t.role === "tool"
+        ? html`<span class="tok" title="inserted: no loss">${tok}</span>`
         : html`<span class="tok loss" title="log mu ${t.logprobs[i] ?? ""}">${tok}</span>`)}${
         t.reward !== undefined ? html` <span class="muted turn-reward">turn reward ${fmt(t.reward)}</span>` : ""}</div>`)}${
       rhythm ? html`<button class="rhythm-btn" data-index="${s.index}">WAAD / FAI</button><div class="rhythm"><div class="rhythm-plot"></div><div class="rhythm-tokens"></div></div>` : ""}</div>`)}
-    <p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment appended.</p>`);
+    <p class="muted">Highlighted tokens carried loss (the model's own); grey turns are what the environment (or the agent: tool results) inserted.</p>`);
 });
 // Attention rhythm of one sample (computed by the server with the run's latest checkpoint).
 $("group").addEventListener("click", async (e) => {
