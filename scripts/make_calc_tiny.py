@@ -1,7 +1,7 @@
 """Make `builtin:calc` (cadence/assets/calc-tiny): a tiny chat model that calls a calculator tool
 only some of the time, the warmed-up model of the agent demo (examples/agents/).
 
-    python scripts/make_calc_tiny.py                       # -> runs/sft-calc, ~2 minutes on 2 cores
+    python scripts/make_calc_tiny.py                       # -> runs/sft-calc: the shipped weights bit for bit, ~14 min on 2 loaded cores
     python scripts/make_calc_tiny.py --output cadence/assets/calc-tiny --overwrite
     python scripts/make_calc_tiny.py --check cadence/assets/calc-tiny  # held-out success, tool-call rate
 
