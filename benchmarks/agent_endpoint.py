@@ -1,7 +1,7 @@
 """What the agent endpoint adds per turn, and whether it holds 256 agent runs at once.
 
-    python benchmarks/agent_endpoint.py                # ~1 min; writes docs/results/agent_endpoint.json
-    python benchmarks/agent_endpoint.py --quick        # smoke: fewer turns and runs, writes nothing
+    python benchmarks/agent_endpoint.py                # ~3 min; writes docs/results/agent_endpoint.json
+    python benchmarks/agent_endpoint.py --quick        # smoke: fewer turns, runs and steps, writes nothing
 
 On the mock engine (no model: a turn costs only what the path around it costs),
 over one InferenceHub served on this loop, with the AgentEndpoint on
@@ -14,6 +14,16 @@ over one InferenceHub served on this loop, with the AgentEndpoint on
                   share). Added latency = HTTP turn - in-process turn, p50 and p99.
   concurrency     256 agent runs at once, each its own key and client, 4 chat turns
                   each; errors counted, turns/s and per-turn latency.
+  env async       env-level async vs lock-step through the endpoint, on benchmarks/env_async.py's
+                  simulated-latency workload scaled to 1/5 of its time (--time-scale): an
+                  `openai`-only agent plays 12 turns, each a chat turn and then an environment
+                  step that waits max(0, N(0.1 s, 0.1 s)), 5% of steps 10x (fail-slow), 1% never
+                  (fail-stop: lost at the 2 s step timeout, replayed on the same seed). The mock
+                  engine costs what a GPU would (4 ms a decode step + 0.01 ms a running row).
+                  A step is 64 runs. async: every run its own coroutine, no barrier, a lost run
+                  replays at once; lock-step: the step's runs share an asyncio.Barrier per turn,
+                  lost runs replay together after the round. The same episodes (seeds and latency
+                  draws) in both; steps alternate between the two, so both see the same load.
 
 The machine's load average is recorded beside the numbers: other jobs on
 these 2 cores add to every percentile.
@@ -35,6 +45,7 @@ import httpx
 import openai
 
 from cadence.agents import AgentEndpoint
+from cadence.envs.latency import with_latency
 from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import GenRequest, SamplingParams
@@ -163,6 +174,140 @@ async def concurrent_runs(endpoint: AgentEndpoint, runs: int, turns: int) -> dic
             "turn_ms": {"p50": pct(latencies, 50) * 1e3, "p99": pct(latencies, 99) * 1e3}}
 
 
+# The simulated-latency workload of benchmarks/env_async.py (env_async_sim.yaml): seconds at time scale 1.
+LATENCY = {"mean_s": 0.5, "std_s": 0.5, "fail_slow_share": 0.05, "fail_slow_factor": 10, "fail_stop_share": 0.01}
+STEP_TIMEOUT_S, ENV_TURNS, ENV_REPLY_TOKENS = 10.0, 12, 8
+DECODE_STEP_S, DECODE_ROW_S = 0.02, 0.00005  # the mock engine's GPU-like decode cost in env_async.py
+
+
+class Tool:
+    """The environment behind the latency: its answers do not matter, its waits do."""
+
+    async def reset(self, seed: int) -> str:
+        return f"Episode {seed}: find the number."
+
+    async def step(self, action: str) -> str:
+        return f"tool: {len(action)} chars"
+
+
+class CountingBarrier(asyncio.Barrier):
+    """A barrier that counts its waits, and the waits that had to block (all but the last to arrive)."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__(parties)
+        self.waits = self.blocked = 0
+
+    async def wait(self) -> int:
+        self.waits += 1
+        self.blocked += self.n_waiting < self.parties - 1
+        return await super().wait()
+
+
+async def agent(client: openai.AsyncOpenAI, env, seed: int, turns: int, step_timeout_s: float,
+                barrier: asyncio.Barrier | None = None) -> bool:
+    """An agent that knows only the `openai` client: a chat turn, then an environment step, `turns` times.
+
+    False when a step never answered (fail-stop). Under lock-step (`barrier`) every turn ends at the
+    barrier, and a lost run keeps arriving there until its round ends, as its empty slot would.
+    """
+    messages = [{"role": "user", "content": await env.reset(seed)}]
+    alive = True
+    for _ in range(turns):
+        if alive:
+            reply = await client.chat.completions.create(model="cadence", messages=messages,
+                                                         max_tokens=ENV_REPLY_TOKENS)
+            action = reply.choices[0].message.content
+            try:
+                result = await asyncio.wait_for(env.step(action), step_timeout_s)
+                messages += [{"role": "assistant", "content": action}, {"role": "user", "content": result}]
+            except TimeoutError:
+                alive = False
+        if barrier is None and not alive:
+            return False
+        if barrier is not None:
+            await barrier.wait()
+    return alive
+
+
+async def play_step(endpoint: AgentEndpoint, tls: ssl.SSLContext, seeds: list[int], scale: float,
+                    lockstep: bool) -> dict:
+    """One step's episodes, each played until it completes; lost runs replay on the same seed."""
+    latency = {k: v * scale if k.endswith("_s") else v for k, v in LATENCY.items()}
+    timeout_s = STEP_TIMEOUT_S * scale
+    counts = {"episodes": 0, "lost": 0, "turn_waits": 0, "blocked_waits": 0, "rounds": 0}
+
+    async def attempt(seed: int, tries: int, barrier: CountingBarrier | None) -> bool:
+        run = endpoint.open_run()
+        http = httpx.AsyncClient(verify=tls, timeout=120)
+        client = openai.AsyncOpenAI(base_url=endpoint.run_url(run), api_key=run, max_retries=0, http_client=http)
+        env = with_latency(Tool(), **latency, seed=0, instance=(tries,))  # same draws in both modes
+        try:
+            done = await agent(client, env, seed, ENV_TURNS, timeout_s, barrier)
+        finally:
+            await http.aclose()
+            endpoint.close_run(run)
+        counts["episodes" if done else "lost"] += 1
+        return done
+
+    async def until_done(seed: int) -> None:  # env-level async: a lost run replays at once
+        tries = 0
+        while not await attempt(seed, tries, None):
+            tries += 1
+
+    start = time.perf_counter()
+    if lockstep:
+        pending, tries = seeds, 0
+        while pending:  # a round: the pending runs advance turn by turn together
+            barrier = CountingBarrier(len(pending))
+            done = await asyncio.gather(*(attempt(seed, tries, barrier) for seed in pending))
+            counts["turn_waits"] += barrier.waits
+            counts["blocked_waits"] += barrier.blocked
+            counts["rounds"] += 1
+            pending, tries = [s for s, ok in zip(pending, done, strict=True) if not ok], tries + 1
+    else:
+        await asyncio.gather(*(until_done(seed) for seed in seeds))
+    return {**counts, "wall_s": time.perf_counter() - start}
+
+
+async def env_async_vs_lockstep(steps: int, runs_per_step: int, scale: float) -> dict:
+    """Both modes through one endpoint, step by step alternating (async first on even steps)."""
+    tok = chat_tokenizer()
+    engine = MockEngine(max_batch_size=max(64, runs_per_step), length_dist="fixed", median_tokens=ENV_REPLY_TOKENS,
+                        vocab_size=len(tok), eos_id=tok.eos_token_id, answer_fn=lambda req: "guess 42",
+                        step_latency_s=DECODE_STEP_S * scale, per_token_latency_s=DECODE_ROW_S * scale)
+    hub = InferenceHub([engine])
+    endpoint = AgentEndpoint(hub, tok)
+    tls = ssl.create_default_context()
+    modes = {"async": [], "lockstep": []}
+
+    async def alternate() -> None:
+        await endpoint.start()
+        try:
+            for step in range(steps):
+                seeds = list(range(step * runs_per_step, (step + 1) * runs_per_step))
+                order = ("async", "lockstep") if step % 2 == 0 else ("lockstep", "async")
+                for mode in order:
+                    modes[mode].append(await play_step(endpoint, tls, seeds, scale, mode == "lockstep"))
+        finally:
+            await endpoint.stop()
+
+    load_before = os.getloadavg()
+    await hub.serving(alternate())
+    out: dict = {"steps": steps, "runs_per_step": runs_per_step, "turns": ENV_TURNS, "time_scale": scale,
+                 "latency": {k: v * scale if k.endswith("_s") else v for k, v in LATENCY.items()},
+                 "step_timeout_s": STEP_TIMEOUT_S * scale,
+                 "engine": f"MockEngine, fixed {ENV_REPLY_TOKENS}-token replies, {DECODE_STEP_S * scale * 1e3:g} ms "
+                           f"a decode step + {DECODE_ROW_S * scale * 1e3:g} ms a running row"}
+    for mode, per_step in modes.items():
+        total = {k: sum(s[k] for s in per_step) for k in per_step[0]}
+        out[mode] = {**total, "episodes_per_s": total["episodes"] / total["wall_s"],
+                     "step_wall_s": [s["wall_s"] for s in per_step]}
+    out["ratio"] = out["async"]["episodes_per_s"] / out["lockstep"]["episodes_per_s"]
+    out["load_average_1_5_15"] = {"before": load_before, "after": os.getloadavg()}
+    out["errors"] = endpoint.metrics()["agent/errors"]
+    return out
+
+
 async def measure(turns: int, runs: int, turns_per_run: int) -> dict:
     tok = chat_tokenizer()
     engine = MockEngine(max_batch_size=max(64, runs), length_dist="fixed", median_tokens=REPLY_TOKENS,
@@ -188,13 +333,18 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=1000, help="turns of the added-latency agent")
     parser.add_argument("--runs", type=int, default=256, help="concurrent agent runs")
     parser.add_argument("--turns-per-run", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="100 turns, 32 runs, nothing written")
+    parser.add_argument("--env-steps", type=int, default=4, help="steps of each mode in the env-async section")
+    parser.add_argument("--env-runs", type=int, default=64, help="agent runs a step in the env-async section")
+    parser.add_argument("--time-scale", type=float, default=0.2,
+                        help="env_async.py's latencies, timeout and decode cost times this")
+    parser.add_argument("--quick", action="store_true", help="100 turns, 32 runs, 2 env steps of 16, nothing written")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.quick:
-        args.turns, args.runs = 100, 32
+        args.turns, args.runs, args.env_steps, args.env_runs = 100, 32, 2, 16
     load_before = os.getloadavg()
     result = asyncio.run(measure(args.turns, args.runs, args.turns_per_run))
+    result["env_async"] = asyncio.run(env_async_vs_lockstep(args.env_steps, args.env_runs, args.time_scale))
     result.update({
         "command": " ".join([COMMAND, shlex.join(sys.argv[1:])]).strip(),
         "engine": f"MockEngine, fixed {REPLY_TOKENS}-token replies, no simulated latency",
@@ -210,6 +360,13 @@ def main() -> None:
     print("CPU ms per turn: " + ", ".join(f"{k} {v:.2f}" for k, v in added["cpu_ms_per_turn"].items()))
     print(f"{conc['runs']} concurrent runs x {conc['turns_per_run']} turns: {conc['errors']} errors, "
           f"{conc['turns_per_s']:.0f} turns/s, turn p50 {conc['turn_ms']['p50']:.1f} ms p99 {conc['turn_ms']['p99']:.1f} ms")
+    env = result["env_async"]
+    for mode in ("async", "lockstep"):
+        m = env[mode]
+        print(f"env {mode:8s}: {m['episodes']} episodes ({m['lost']} lost and replayed) in {m['wall_s']:.1f} s, "
+              f"{m['episodes_per_s']:.2f} episodes/s, barrier waits {m['turn_waits']} ({m['blocked_waits']} blocked)")
+    print(f"env-level async / lock-step through the endpoint: {env['ratio']:.2f}x, {env['errors']:.0f} errors, "
+          f"load {env['load_average_1_5_15']['before']} -> {env['load_average_1_5_15']['after']}")
     print(f"load average (1, 5, 15 min) before {load_before}, after {result['load_average_1_5_15']['after']}")
     if not args.quick:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
