@@ -14,6 +14,12 @@ DOC = ROOT / "docs" / "async.md"
 PLOT = ROOT / "docs" / "results" / "offpolicy_stability.png"
 
 
+def _extent(meta: dict[str, Any]) -> str:
+    if "partial" in meta:  # written from the resume file of a grid still running or cut short
+        return f"partial grid: {meta['partial']}"
+    return f"grid wall time {meta['wall_s'] / 60:.1f} min"
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     """Final held-out pass@1 per loss (rows) and alpha (columns), then staleness and time per alpha."""
     meta, summary = result["meta"], result["summary"]
@@ -22,7 +28,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     setting = meta["setting"]
     lines = [
         f"Measured {meta['date']} on {meta['machine']} ({meta['jobs']} runs at a time, torch threads 1; "
-        f"grid wall time {meta['wall_s'] / 60:.1f} min). Held-out greedy pass@1 on {setting['test_size']} "
+        f"{_extent(meta)}). Held-out greedy pass@1 on {setting['test_size']} "
         f"carrying additions after {setting['steps']} steps ({setting['prompts_per_step']} prompts x "
         f"{setting['group_size']} answers, lr {setting['lr']:g}), mean ± sd over seeds "
         f"{' '.join(map(str, meta['seeds']))} (per seed in brackets); before training: "
