@@ -4,6 +4,8 @@ the alpha admission gate and where a resumed worker picks up the prompt stream."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from dataclasses import dataclass
 
@@ -17,7 +19,7 @@ from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.rlvr import RLVRProducer, keeps
+from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.actors import Local
@@ -383,3 +385,39 @@ def test_the_rollout_worker_is_a_threaded_ray_actor():
     coroutines = [name for name, member in inspect.getmembers(ConfiguredRolloutWorker)
                   if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member)]
     assert coroutines == []
+
+
+class _ReversedGuard:
+    """A reward guard whose workers finish each batch last pair first; 'boom' fails its future."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def submit_many(self, pairs):
+        self.batches.append(len(pairs))
+        futures = [concurrent.futures.Future() for _ in pairs]
+
+        def finish():
+            for (_, response), future in reversed(list(zip(pairs, futures, strict=True))):
+                if response == "boom":
+                    future.set_exception(RuntimeError("the guard broke"))
+                else:
+                    future.set_result(_Outcome(float(len(response))))
+
+        threading.Thread(target=finish).start()
+        return futures
+
+
+def test_the_guard_scorer_sends_a_rounds_answers_as_one_batch_and_hands_each_its_own_outcome():
+    guard = _ReversedGuard()
+    scorer = GuardScorer(guard)
+    prompt = Prompt(id="p", text="1+1=", answer="2")
+
+    async def main():
+        first = await asyncio.gather(*(scorer.score(prompt, "x" * n) for n in (1, 2, 3)))
+        second = await asyncio.gather(scorer.score(prompt, "boom"), scorer.score(prompt, "yy"), return_exceptions=True)
+        return first, second
+
+    first, (failed, fine) = asyncio.run(main())
+    assert [o.reward for o in first] == [1.0, 2.0, 3.0] and guard.batches == [3, 2]
+    assert isinstance(failed, RuntimeError) and fine.reward == 2.0  # a broken guard fails its answer, not hangs

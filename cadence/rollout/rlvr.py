@@ -17,6 +17,8 @@ first served).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -56,22 +58,32 @@ class GuardScorer:
     async def score(self, prompt: Prompt, response: str) -> Outcome:
         loop = asyncio.get_running_loop()
         if not self._batch:
-            loop.call_soon(self._send)
+            loop.call_soon(self._send, loop)
         future = loop.create_future()
         self._batch.append((prompt, response, future))
         return await future
 
-    def _send(self) -> None:
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._batch = self._batch, []
         pending = self.guard.submit_many([(p, r) for p, r, _ in batch])
-        asyncio.ensure_future(self._deliver([f for _, _, f in batch], pending))
+        futures = [f for _, _, f in batch]
+        # One wake-up of the loop per batch, when its last outcome is in (a wake-up per answer
+        # cost a self-pipe write and a loop round each).
+        left = [len(pending)]
+        lock = threading.Lock()
 
-    @staticmethod
-    async def _deliver(futures: list[asyncio.Future], pending: list) -> None:
-        outcomes = await asyncio.gather(*(asyncio.wrap_future(p) for p in pending))
-        for future, outcome in zip(futures, outcomes, strict=True):
-            if not future.done():
-                future.set_result(outcome)
+        def one_done(_: concurrent.futures.Future) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                loop.call_soon_threadsafe(_deliver, futures, pending)
+            except RuntimeError:  # the loop closed meanwhile: nobody waits for these
+                pass
+
+        for outcome in pending:
+            outcome.add_done_callback(one_done)
 
     def report(self) -> dict:
         stats = self.guard.stats()
@@ -79,6 +91,16 @@ class GuardScorer:
 
     def close(self) -> None:
         self.guard.close()
+
+
+def _deliver(futures: list[asyncio.Future], outcomes: list[concurrent.futures.Future]) -> None:
+    for future, outcome in zip(futures, outcomes, strict=True):
+        if future.done():
+            continue  # its answer was cancelled
+        if outcome.exception() is not None:
+            future.set_exception(outcome.exception())
+        else:
+            future.set_result(outcome.result())
 
 
 def keeps(group: Group, min_std: float | None, mean_low: float | None, mean_high: float | None) -> bool:
