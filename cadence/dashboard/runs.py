@@ -174,6 +174,7 @@ class RunReader:
         """The newest logged groups, one entry each."""
         self.samples_wanted = True
         groups: dict[tuple[int, int], dict[str, Any]] = {}
+        formats = tool_formats(read_config(self.dir)[0]) if self.samples else ()
         for s in reversed(self.samples):
             key = (s["step"], s["group_id"])
             if key not in groups:
@@ -183,7 +184,7 @@ class RunReader:
                                "rewards": s["group_rewards"], "versions": [], "turns": 0}
             g = groups[key]
             g["versions"].append(s["version"])
-            g["turns"] = max(g["turns"], len(turns(s)))
+            g["turns"] = max(g["turns"], len(with_tool_calls(turns(s), formats)))
         return list(groups.values())
 
     def group(self, step: int, group_id: int) -> list[dict[str, Any]]:

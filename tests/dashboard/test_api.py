@@ -167,3 +167,22 @@ def test_failed_episodes_are_listed_with_their_error(tmp_path: Path) -> None:
     assert "reset took longer than 5 s" in lost["reports"][1]["text"]
     write_run(root, "fine", steps=1)
     assert local_client(create_app(root)).get("/api/runs/fine").json()["lost_episodes"] is None
+
+
+def test_lost_agent_runs_are_listed_with_their_error(tmp_path: Path) -> None:
+    from cadence.agents.producer import AgentErrorReport
+    from cadence.envs.runner import EnvFailure
+    from cadence.observe.metrics import MetricsLogger
+
+    run = tmp_path / "runs" / "broken-agent"
+    write_agent_run(tmp_path / "runs", "broken-agent")
+    report = AgentErrorReport("python:my_agents:run", run / "env_errors.log", echo=False)
+    report.lost(EnvFailure("raised", "run", "run: KeyError: 'answer'", traceback="Traceback ...\nKeyError: 'answer'\n"),
+                "eval 3")
+    MetricsLogger(run, {}, tensorboard=False).log(2, {"agent/runs_lost_total": 5.0})
+    client = local_client(create_app(tmp_path / "runs"))
+    lost = client.get("/api/runs/broken-agent").json()["lost_episodes"]
+    assert lost["lost"] == {"agent runs": 5}
+    assert [r["kind"] for r in lost["reports"]] == ["raised during run"]
+    assert "(task eval 3)" in lost["reports"][0]["text"] and "KeyError: 'answer'" in lost["reports"][0]["text"]
+    assert client.get("/api/runs/broken-agent/samples").json()[0]["turns"] == 4  # text, call, result, answer
