@@ -229,6 +229,8 @@ def test_agent_tool_calls_and_lost_episodes_show(browser, shots, tmp_path: Path)
         assert "42" in episode.locator(".turn.tool").inner_text() and episode.locator(".turn.tool .tok.loss").count() == 0
         shots(page, "agent-tool-call")
         page.goto(url + "/#/run/broken-env")
+        page.wait_for_selector("#run-lost:not([hidden])")
+        assert page.inner_text("#run-lost").startswith("lost episodes: raised 9, timeout 1")
         page.click('#tabs button[data-tab="config"]')
         page.wait_for_selector("#lost-episodes")
         lost = page.inner_text("#lost-episodes")

@@ -136,6 +136,10 @@ async function loadDetails() {
   $("run-error").hidden = !st.error;
   $("run-error-text").textContent = st.error || "";
   $("run-traceback").textContent = st.traceback || "";
+  const lost = d.lost_episodes;  // a short line here; the counts and first reports under config
+  $("run-lost").hidden = !lost;
+  $("run-lost").textContent = lost ? `lost episodes: ${Object.entries(lost.lost).map(([k, n]) => `${k} ${n}`).join(", ") ||
+    lost.reports.map((r) => r.kind).join(", ")} (the first failure of each kind is under config)` : "";
   const s = d.summary;
   setHtml($("details"), html`
     ${s ? html`<div class="card"><b>summary</b><pre>${JSON.stringify(s, null, 2)}</pre></div>` : ""}
