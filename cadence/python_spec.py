@@ -70,3 +70,12 @@ def load_python_object(spec: str, where: str, kind: str = "function") -> object:
         )
         raise ValueError(f"{where}: {target!r} has no {kind} {attr!r}.{hint}")
     return obj
+
+
+def check_known_kwargs(kwargs: dict, accepted: list[str], field: str, owner: str) -> None:
+    """A kwarg the callable does not take is a one-line error naming `field.key` and the fix."""
+    for key in kwargs:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"{owner} takes {accepted or 'none'}"
+            raise ValueError(f"{field}.{key}: unknown argument; {hint}")

@@ -14,14 +14,13 @@ before any model loads.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cadence.python_spec import PYTHON_PREFIX, load_python_object
+from cadence.python_spec import PYTHON_PREFIX, check_known_kwargs, load_python_object
 
 # The config's names for the endpoint's tool-call formats (cadence.agents.tool_calls).
 TOOL_FORMAT_NAMES = {"hermes": "hermes", "llama3": "llama3_json", "none": None}
@@ -82,11 +81,7 @@ class AgentConfig(BaseModel):
         params = signature.parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             accepted = [p for p in params if p not in ("client", "task")]
-            for key in self.kwargs:
-                if key not in accepted:
-                    close = difflib.get_close_matches(key, accepted, n=1)
-                    hint = f"did you mean {close[0]!r}?" if close else f"the agent takes {accepted or 'none'}"
-                    raise ValueError(f"agent.kwargs.{key}: unknown argument; {hint}")
+            check_known_kwargs(self.kwargs, accepted, "agent.kwargs", "the agent")
         try:
             signature.bind("client", "task", **self.kwargs)
         except TypeError as exc:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cadence.python_spec import PYTHON_PREFIX
+from cadence.python_spec import PYTHON_PREFIX, check_known_kwargs
 
 
 class LatencyConfig(BaseModel):
@@ -163,11 +163,7 @@ class EnvConfig(BaseModel):
         params = signature.parameters.values()
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             accepted = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
-            for key in self.kwargs:
-                if key not in accepted:
-                    close = difflib.get_close_matches(key, accepted, n=1)
-                    hint = f"did you mean {close[0]!r}?" if close else f"{cls.__name__} takes {accepted}"
-                    raise ValueError(f"env.kwargs.{key}: unknown argument; {hint}")
+            check_known_kwargs(self.kwargs, accepted, "env.kwargs", cls.__name__)
         try:
             signature.bind(**self.kwargs)
         except TypeError as exc:
