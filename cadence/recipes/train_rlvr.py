@@ -113,6 +113,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
 
 def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, progress: dict) -> RunSummary:
     threads = configure_threads(trainer_threads(cfg.runtime))
+    held_out = held_out_label(episodes=cfg.env is not None or cfg.agent is not None)  # agent runs are episodes too
 
     tokenizer = load_tokenizer(cfg.model.path)
     state = _resume_state(run_dir) if resume else None
@@ -133,7 +134,7 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
         print(f"resumed from step {start_step} ({run_dir})")
     elif cfg.eval.before:
         eval_before = workers.evaluate(cfg.eval.samples)
-        print(f"{held_out_label(cfg.env is not None)} before training: {eval_before.pass_at_1:.3f}")
+        print(f"{held_out} before training: {eval_before.pass_at_1:.3f}")
         reward_errors.review(workers.reward_report(), 0)
     progress["step"] = start_step
 
@@ -247,13 +248,13 @@ def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, pr
     logger.close()
     records = read_jsonl(run_dir / "metrics.jsonl")
     if records:
-        plot_curves(records, run_dir / "reward_curve.png", held_out_name=held_out_label(cfg.env is not None))
+        plot_curves(records, run_dir / "reward_curve.png", held_out_name=held_out)
     split = measured_split(
         records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
     )
     summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
     runtime = f"{cfg.runtime.kind}, async ratio {cfg.rollout.async_ratio}, trainer threads {threads}"
-    _print_summary(summary, counters, rollout_metrics, split, runtime, held_out_label(cfg.env is not None))
+    _print_summary(summary, counters, rollout_metrics, split, runtime, held_out)
     write_summary(summary, counters, rollout_metrics)
     return summary
 

@@ -79,8 +79,9 @@ def steps(run_dir: Path) -> list[dict]:
 def test_an_agent_written_outside_the_package_trains_with_cadence_train(agent_file, tmp_path, extra):
     assert "import cadence" not in AGENT and "from cadence" not in AGENT
     run_dir = tmp_path / "run"
-    done = cadence_train(overrides(agent_file, run_dir, *extra), cwd=agent_file.parent)
+    done = cadence_train(overrides(agent_file, run_dir, *extra, "eval.after=true"), cwd=agent_file.parent)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "held-out success after" in done.stdout  # an agent run is episodes: solved, not pass@1
     records = steps(run_dir)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:  # 4 groups of 4 runs a step, each one request of the agent's own client
