@@ -157,7 +157,8 @@ def eval_(
     overrides: Overrides = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Held-out accuracy (pass@1, pass@k with eval.samples=k) of a checkpoint."""
+    """Held-out accuracy (pass@1, pass@k with eval.samples=k) of a checkpoint; held-out success of
+    its episodes with env.* or agent.* (as `cadence train` evaluates them)."""
     try:
         cfg = load_config(config, [*(overrides or []), f"model.path={checkpoint}"])
     except ConfigError as err:
@@ -171,9 +172,10 @@ def eval_(
     except ConfigError as err:
         _fail(err)
     at_k = f"  pass@{result.k} {result.pass_at_k:.3f}" if result.k > 1 else ""
+    episodes = cfg.env is not None or cfg.agent is not None
     typer.echo(
-        f"{checkpoint}: pass@1 {result.pass_at_1:.3f}{at_k}  "
-        f"mean reward {result.mean_reward:.3f}  ({result.prompts} held-out prompts)"
+        f"{checkpoint}: {'held-out success' if episodes else 'pass@1'} {result.pass_at_1:.3f}{at_k}  "
+        f"mean reward {result.mean_reward:.3f}  ({result.prompts} held-out {'episodes' if episodes else 'prompts'})"
     )
 
 

@@ -1,4 +1,6 @@
-"""`cadence eval`: held-out accuracy of one checkpoint on a task."""
+"""`cadence eval`: held-out accuracy of one checkpoint on a task, or held-out success of its
+episodes when the config names an environment or an agent (played by the rollout worker that
+trains them, so evaluation and training see the same episodes)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from cadence.runtime.threads import configure_threads
 
 
 def run_eval(cfg: RunConfig) -> EvalResult:
+    if cfg.env is not None or cfg.agent is not None:
+        return _eval_episodes(cfg)
     configure_threads(cfg.runtime.threads)
     tokenizer = load_tokenizer(cfg.model.path)
     engine = build_engine(cfg.rollout.engine, frozen_copy(load_policy(cfg.model.path)), tokenizer)
@@ -36,3 +40,13 @@ def run_eval(cfg: RunConfig) -> EvalResult:
     if problem:
         raise RewardFunctionError(problem)
     return result
+
+
+def _eval_episodes(cfg: RunConfig) -> EvalResult:
+    from cadence.assemble import ConfiguredRolloutWorker  # the composition root builds the producer
+
+    worker = ConfiguredRolloutWorker(cfg, threads=cfg.runtime.threads, background=False)
+    try:
+        return worker.evaluate(cfg.eval.samples)
+    finally:
+        worker.close()
