@@ -35,6 +35,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -271,6 +272,35 @@ def _host_uids() -> tuple[int | None, int | None]:
         return None, None
     agent = random.randrange(*UID_RANGE) & ~1
     return agent, agent + 1
+
+
+def reap_orphans() -> int:
+    """Kill what sandboxes of a dead service left running; returns how many processes.
+
+    Every process of a live sandbox has a parent in it (its outer bwrap, or the agent), so a
+    process of a sandbox uid (UID_RANGE) whose parent is init belongs to no sandbox anyone can
+    reach. bwrap leaves one when its outer process is killed (its service died) in the moment
+    between starting its child and signalling it: the child, before --die-with-parent applies
+    to it, then waits for that signal for ever."""
+    if os.geteuid() != 0:
+        return 0
+    reaped = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{name}").st_uid
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if UID_RANGE[0] <= uid < UID_RANGE[1] and ppid == 1:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+                reaped += 1
+            except ProcessLookupError:
+                pass
+    return reaped
 
 
 def write_id_maps(child_pid: int, agent_uid: int, code_uid: int) -> None:

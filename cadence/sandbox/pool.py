@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cadence.sandbox import cgroup
 from cadence.sandbox.events import EventLog
-from cadence.sandbox.isolation import Mount
+from cadence.sandbox.isolation import Mount, reap_orphans
 from cadence.sandbox.models import (
     MAX_COUNT,
     MAX_SECONDS,
@@ -132,6 +132,7 @@ class Pool:
         self._stop = threading.Event()
         self._starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sandbox-start")
         cgroup.sweep_stale()  # what a crashed service left
+        reap_orphans()
         for sid, state in self.events.last_states().items():  # history from before a restart
             if state != "dead":
                 self.events.record(sid, -1, "dead", "service restarted (sandboxes die with their service)")
