@@ -23,6 +23,7 @@ from cadence.recipes.train_rlvr import train
 from cadence.rewards.guard import RewardGuard
 from cadence.rewards.python_reward import PythonReward
 from tests.quick_run import QUICK_RUN
+from tests.signals import ctrl_c_reaches_it
 
 
 def _cli(args: list[str]):
@@ -183,7 +184,7 @@ def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path):
     args = ["train", *QUICK_RUN, "trainer.steps=200", "checkpoint.every=1", f"logging.run_dir={run}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "cadence", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.time() + 240
     while time.time() < deadline and not (run / "checkpoints" / "step_1").exists():
         assert proc.poll() is None, proc.stdout.read()

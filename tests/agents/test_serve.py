@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.chat_models import chat_model, chat_tokenizer
+from tests.signals import ctrl_c_reaches_it
 
 
 @pytest.mark.slow
@@ -22,7 +23,8 @@ def test_cadence_serve_answers_a_chat_request_from_the_openai_client(tmp_path):
     tok.save_pretrained(tmp_path / "model")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     server = subprocess.Popen([sys.executable, "-m", "cadence", "serve", str(tmp_path / "model"), "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True, env=env)
+                              stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True, env=env,
+                              preexec_fn=ctrl_c_reaches_it)
     try:
         line = server.stdout.readline()  # blocks until it serves, or dies ("": its error is in stderr)
         found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
