@@ -16,17 +16,15 @@ be shared.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py, frozenlake_curve.py beside this script
 from frozenlake_curve import curve  # noqa: E402
-from harness import cpu_model, run_example  # noqa: E402
+from harness import run_example  # noqa: E402
 
 from cadence.observe.report import write_doc_table  # noqa: E402
 
@@ -100,10 +98,7 @@ def main(overrides: list[str]) -> None:
                                  if r["step"] > 0 and "reward/mean" in r],
         "check_before": check(config["model"]["path"]),
         "check_after": check(str(last)),
-        "loadavg_before": [round(x, 2) for x in run.loadavg_before],
-        "loadavg_after": [round(x, 2) for x in run.loadavg_after],
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **run.where_and_when(),
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     plot(points, OUT.with_suffix(".png"))

@@ -70,6 +70,17 @@ class ExampleRun:
     loadavg_before: tuple[float, float, float]
     loadavg_after: tuple[float, float, float]
 
+    def where_and_when(self) -> dict[str, Any]:
+        """The result fields that say on what machine, under what load and when it was measured."""
+        import os
+
+        return {
+            "loadavg_before": [round(x, 2) for x in self.loadavg_before],
+            "loadavg_after": [round(x, 2) for x in self.loadavg_after],
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+
 
 def run_example(config: str, overrides: list[str], name: str) -> ExampleRun:
     """Run `cadence train --config config [overrides]` from the checkout's root into

@@ -14,16 +14,14 @@ after (the machine may be shared).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py beside this script
 from frozenlake_curve import curve  # noqa: E402
-from harness import cpu_model, run_example  # noqa: E402
+from harness import run_example  # noqa: E402
 
 from cadence.observe.report import write_doc_table  # noqa: E402
 
@@ -123,10 +121,7 @@ def main(overrides: list[str]) -> None:
         "by_novelty_before": solved_by_novelty(config["model"]["path"], held_out),
         "by_novelty_after": solved_by_novelty(str(max((run.run_dir / "checkpoints").glob("step_*"),
                                                       key=lambda d: int(d.name.split("_")[1]))), held_out),
-        "loadavg_before": [round(x, 2) for x in run.loadavg_before],
-        "loadavg_after": [round(x, 2) for x in run.loadavg_after],
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, shared with other jobs (see loadavg)",
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **run.where_and_when(),
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     write_doc_table(DOC, "sokoban", table(result))
