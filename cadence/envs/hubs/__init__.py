@@ -6,7 +6,7 @@
     env.name=openenv:my_env.server:MyEnvironment    an OpenEnv environment class, in process
 
 verifiers environments talk to an OpenAI client, so they train as agents:
-``agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=<id>``
+``agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=<taskset id>``
 (``env.name=verifiers:<id>`` says so).
 
 Each hub module has ``env_class(ident) -> type``: a class of the text contract
@@ -62,7 +62,7 @@ HUBS: dict[str, Hub] = {
         "cadence.envs.hubs.verifiers", "verifiers", "verifiers", "envs-verifiers",
         "agent.name=python:cadence.envs.hubs.verifiers:run agent.kwargs.env=ID",
         "verifiers environments (the Environments Hub), trained as agents through the endpoint",
-        supported=">=0.3.1,<0.4",
+        supported=">=0.4,<0.5",  # its v1 API (0.3.x's classic API is not supported)
     ),
 }
 
