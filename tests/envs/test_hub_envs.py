@@ -262,49 +262,106 @@ def test_openenv_server_trains_two_steps(echo_server, tmp_path):
     assert steps[0]["reward/mean"] > 0  # the echo pays 0.1 per character
 
 
-# ------------------------------------------------------------------ verifiers (classic API, 0.3.x)
+# ------------------------------------------------------------------ verifiers (its v1 API, 0.4)
 
-VF_SUMS = '''
-import verifiers as vf
-from datasets import Dataset
+VF_SUMS = """
+import verifiers.v1 as vf
 
 
-def load_environment(count: int = 8) -> vf.Environment:
-    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 10 + count) for b in (21,)]
+class SumsData(vf.TaskData):
+    answer: str
 
-    def exact(completion, answer, **_) -> float:
-        return float(completion[-1]["content"].strip() == answer)
 
-    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]))
-'''
+class SumsTask(vf.Task[SumsData]):
+    @vf.reward(weight=1.0)
+    async def exact(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip() == self.data.answer)
 
+
+class SumsConfig(vf.TasksetConfig):
+    count: int = 8
+
+
+class SumsTaskset(vf.Taskset[SumsTask, SumsConfig]):
+    def load(self):
+        for a in range(10, 10 + self.config.count):
+            yield SumsTask(SumsData(prompt=f"{a}+21=", answer=str(a + 21), id=f"sum-{a}"), self.config.task)
+
+
+__all__ = ["SumsTaskset"]
+"""
+
+# vf-eval vf_sums --env.taskset.count 4 --env.agent.harness.id null --env.agent.runtime.type subprocess
+LOCAL_CHAT = {"taskset": {"count": 4}, "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}}
 VERIFIERS_AGENT = [
-    "model.path=builtin:calc",  # a chat template: verifiers' environments speak chat completions
+    "model.path=builtin:calc",  # a chat template: the null harness's program speaks chat completions
     "agent.name=python:cadence.envs.hubs.verifiers:run", "agent.tasks=seeds",
-    "agent.kwargs.sampling_args={max_tokens: 8}",
+    'agent.kwargs.env_config={taskset: {count: 4}, agent: {harness: {id: "null"}, runtime: {type: subprocess}}}',
+    "agent.kwargs.sampling={max_tokens: 8}",
 ]
 
 
 @pytest.fixture
 def vf_sums(tmp_path, monkeypatch):
-    """A verifiers environment module as the Environments Hub installs them: load_environment()."""
-    pytest.importorskip("verifiers.legacy", reason="optional extra: pip install 'cadence[envs-verifiers]'")
+    """A verifiers taskset as the Environments Hub installs them: a module exporting its Taskset."""
+    pytest.importorskip("verifiers", minversion="0.4", reason="optional extra: pip install 'cadence[envs-verifiers]'")
     (tmp_path / "vf_sums.py").write_text(VF_SUMS)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "vf_sums"
     sys.modules.pop("vf_sums", None)
 
 
-def test_verifiers_rows_by_seed_or_example_id(vf_sums):
-    from cadence.envs.hubs.verifiers import environment, rollout_input
+def test_verifiers_tasks_by_seed_idx_or_id_after_select(vf_sums):
+    from cadence.envs.hubs.verifiers import environment, task_of, tasks
 
-    loaded = environment(vf_sums, {"count": 4})
-    assert type(loaded).__name__ == "SingleTurnEnv"
-    assert rollout_input(loaded, 6)["prompt"] == [{"role": "user", "content": "12+21="}]  # 6 % 4
-    assert rollout_input(loaded, {"example_id": 1})["answer"] == "32"
+    assert type(environment(vf_sums, LOCAL_CHAT)).__name__ == "SingleAgentEnv"
+    played = tasks(vf_sums, LOCAL_CHAT)
+    assert [t.data.prompt for t in played] == ["10+21=", "11+21=", "12+21=", "13+21="]
+    assert task_of(played, 6).data.prompt == "12+21="  # 6 % 4
+    assert task_of(played, {"idx": 1}).data.answer == "32"
+    assert task_of(played, {"id": "sum-13"}).data.idx == 3
+    selected = tasks(vf_sums, LOCAL_CHAT, {"skip": 1, "limit": 2})  # vf-eval --select.skip 1 -n 2
+    assert [task_of(selected, seed).data.idx for seed in range(4)] == [1, 2, 1, 2]
+    with pytest.raises(ValueError, match="no task of the taskset has idx=9"):
+        task_of(played, {"idx": 9})
+    with pytest.raises(ValueError, match="plays agent.tasks=seeds"):
+        task_of(played, "10+21=")
+
+
+def test_verifiers_settings_that_cannot_work_are_one_line(vf_sums, monkeypatch):
+    from cadence.envs.hubs import verifiers as adapter
+
     line = config_error(f"env.name=verifiers:{vf_sums}")
     assert f"train as agents: drop env.name and set agent.name=python:cadence.envs.hubs.verifiers:run " \
            f"agent.kwargs.env={vf_sums}" in line
+    # YAML reads `id: null` as nothing, which verifiers would take for its default harness (bash)
+    with pytest.raises(ValueError, match='agent.kwargs.env_config.agent.harness.id is null: .* id: "null"'):
+        adapter.environment(vf_sums, {"agent": {"harness": {"id": None}}})
+    with pytest.raises(ValueError, match=r"agent.kwargs.env_config of 'vf_sums': taskset.count: .*integer") as bad:
+        adapter.environment(vf_sums, {"taskset": {"count": "many"}})
+    assert "\n" not in str(bad.value)
+    with pytest.raises(ValueError, match=r"agent.kwargs.env='vf_nope': taskset 'vf_nope' not found") as missing:
+        adapter.environment("vf_nope")
+    assert "\n" not in str(missing.value)
+    monkeypatch.setattr(adapter, "version_of", lambda hub: "0.3.1")
+    with pytest.raises(ImportError, match=r"needs verifiers>=0.4,<0.5 \(its v1 API\), found verifiers 0.3.1: "
+                                          r"pip install 'cadence\[envs-verifiers\]'"):
+        adapter.environment("vf_other")
+
+
+def test_a_rollout_that_failed_inside_verifiers_raises_its_cause_in_one_line():
+    pytest.importorskip("verifiers", minversion="0.4", reason="optional extra: pip install 'cadence[envs-verifiers]'")
+    import verifiers.v1 as vf
+
+    from cadence.envs.hubs.verifiers import episode_reward
+
+    failed = vf.Error(type="HarnessError", message="harness 'null' exited 1: Traceback (most recent call last):\n"
+                                                   "  File \"chat.py\", line 3\nConnectionError: refused")
+    episode = vf.Episode(task=vf.TraceTask(type="SumsTask", data=vf.TaskData()), errors=[failed])
+    with pytest.raises(RuntimeError) as raised:
+        episode_reward("vf_sums", episode)
+    assert str(raised.value) == "verifiers rollout of 'vf_sums' failed: HarnessError: harness 'null' exited 1: " \
+                                "Traceback (most recent call last): ... ConnectionError: refused"
 
 
 def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_sums, tmp_path):
@@ -314,7 +371,8 @@ def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_su
     records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
-    # every verifiers rollout's request went through cadence's endpoint and was trained
+    # every episode's harness program reached the model through verifiers' interception and
+    # cadence's endpoint, and every request was trained
     assert steps[-1]["agent/runs_played_total"] >= 32 and steps[-1]["agent/runs_lost_total"] == 0
     assert steps[-1]["agent/samples_total"] >= 32 and all(r["train/response_tokens"] > 0 for r in steps)
 
@@ -324,6 +382,6 @@ def test_a_verifiers_environment_that_is_not_installed_stops_the_run_in_one_line
 
     cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, "agent.kwargs.env=vf_nope", "trainer.steps=2",
                              f"logging.run_dir={tmp_path}/run"])
-    with pytest.raises(EnvironmentFailing, match="Could not import 'vf_nope' environment") as failing:
+    with pytest.raises(EnvironmentFailing, match="agent.kwargs.env='vf_nope': taskset 'vf_nope' not found") as failing:
         train(cfg)
     assert "\n" not in str(failing.value)
