@@ -340,6 +340,8 @@ def test_verifiers_settings_that_cannot_work_are_one_line(vf_sums, monkeypatch):
     with pytest.raises(ValueError, match=r"agent.kwargs.env_config of 'vf_sums': taskset.count: .*integer") as bad:
         adapter.environment(vf_sums, {"taskset": {"count": "many"}})
     assert "\n" not in str(bad.value)
+    with pytest.raises(ValueError, match="agent.kwargs.select: limit: Input should be greater than or equal to 1"):
+        adapter.tasks(vf_sums, LOCAL_CHAT, {"limit": 0})  # vf-eval -n 0
     with pytest.raises(ValueError, match=r"agent.kwargs.env='vf_nope': taskset 'vf_nope' not found") as missing:
         adapter.environment("vf_nope")
     assert "\n" not in str(missing.value)

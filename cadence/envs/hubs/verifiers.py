@@ -58,6 +58,11 @@ def one_line(text: str) -> str:
     return f"{lines[0]} ... {lines[-1]}"
 
 
+def problems(exc: Any) -> str:
+    """A pydantic ValidationError in one line: each field with what is wrong with it."""
+    return one_line("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+
 def _check_installed(env: str) -> None:
     from packaging.specifiers import SpecifierSet
 
@@ -104,11 +109,10 @@ def _environment(env: str, env_config_json: str) -> Any:
     try:
         loaded = vf.load_environment(vf.resolve_env_config(config))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"agent.kwargs.env_config of {env!r}: {one_line(problems)}") from None
+        raise ValueError(f"agent.kwargs.env_config of {env!r}: {problems(exc)}") from exc
     except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as exc:
         # verifiers' own one-line plugin errors (an id that is not installed, a bad __all__)
-        raise ValueError(f"agent.kwargs.env={env!r}: {one_line(str(exc))}") from None
+        raise ValueError(f"agent.kwargs.env={env!r}: {one_line(str(exc))}") from exc
     _uv_on_path()
     return loaded
 
@@ -126,8 +130,13 @@ def environment(env: str, env_config: Mapping[str, Any] | None = None) -> Any:
 @functools.cache
 def _tasks(env: str, env_config_json: str, select_json: str) -> tuple[Any, ...]:
     import verifiers.v1 as vf
+    from pydantic import ValidationError
 
-    taskset = _environment(env, env_config_json).taskset.select(vf.SelectConfig(**json.loads(select_json)))
+    try:
+        select = vf.SelectConfig(**json.loads(select_json))
+    except ValidationError as exc:
+        raise ValueError(f"agent.kwargs.select: {problems(exc)}") from exc
+    taskset = _environment(env, env_config_json).taskset.select(select)
     if not taskset.bounded:
         raise ValueError(
             f"agent.kwargs.env={env!r} is an infinite taskset: bound it with agent.kwargs.select.limit=N"
