@@ -91,7 +91,7 @@ def target_steps(cfg: dict[str, Any], run_dir: Path) -> Any:
 
 
 def trains_on(cfg: dict[str, Any]) -> str | None:
-    """What the run trains on: its environment's name for agentic runs (config.yaml still
-    holds the default task section there), else the task's name."""
-    name = dig(cfg, "env", "name") or dig(cfg, "task", "name")
+    """What the run trains on: its environment's name for agentic runs, its agent's for agent
+    runs (config.yaml still holds the default task section in both), else the task's name."""
+    name = dig(cfg, "env", "name") or dig(cfg, "agent", "name") or dig(cfg, "task", "name")
     return None if name is None else str(name)

@@ -158,10 +158,13 @@ def test_runs_list_shows_the_resumed_target_and_the_env(runs_root: Path) -> None
     record_changes(run, 30, {"trainer.lr": {"from": 1e-5, "to": 2e-5}})
     plant(runs_root / "agentic", {"config.yaml": "trainer: {steps: 8}\ntask: {name: arith}\n"
                                                  "env: {name: frozenlake, kwargs: {}}\n"})
+    plant(runs_root / "agent", {"config.yaml": "trainer: {steps: 8}\ntask: {name: arith}\n"
+                                               "agent: {name: 'python:calc_agent.py:run', tasks: seeds}\n"})
     runs = {r["name"]: r for r in local_client(create_app(runs_root)).get("/api/runs").json()}
     assert (runs["resumed"]["step"], runs["resumed"]["steps"]) == (4, 60)
     assert runs["agentic"]["task"] == "frozenlake" and runs["agentic"]["env"] == "frozenlake"
     assert runs["done"]["task"] == "arith" and runs["done"]["env"] is None
+    assert runs["agent"]["task"] == "python:calc_agent.py:run"  # the agent, not the default task section
 
 
 @pytest.mark.parametrize("header,expected", [("127.0.0.1:8484", ("127.0.0.1", 8484)), ("[::1]:80", ("::1", 80)),
