@@ -188,7 +188,8 @@ def test_grad_norm_per_staleness_bucket_is_the_norm_of_that_buckets_gradient():
     token. A bucket's gradient sums its own tokens' terms (N = all 10 response tokens)."""
     vocab = 8
     algo = AlgorithmConfig(std_normalize=False)  # A = reward - group mean = +-0.5
-    trainer = PolicyTrainer(Bigram(vocab), TrainerConfig(micro_batch_size=2), algo, temperature=1.0, pad_id=0)
+    trainer = PolicyTrainer(Bigram(vocab), TrainerConfig(micro_batch_size=2, grad_norm_by_staleness="on"), algo,
+                            temperature=1.0, pad_id=0)
     trainer.version = 9
     metrics = trainer.step(bigram_groups(vocab))
 
@@ -244,12 +245,23 @@ def test_splitting_by_staleness_leaves_the_gradient_unchanged(aggregation):
 
 def test_grad_norm_by_staleness_auto_logs_only_batches_with_stale_samples():
     model = tiny_model(hidden_size=32, layers=1, heads=2)
-    trainer = trainer_for(model)
+    trainer = trainer_for(model, grad_norm_by_staleness_every=1)
     fresh = trainer.step(make_groups(version=0))
     assert not any(k.startswith("offpolicy/grad_norm_stale") for k in fresh)
     stale = trainer.step(make_groups(version=0))  # trained at version 1: every sample 1 behind
     assert stale["offpolicy/grad_norm_stale_1"] == pytest.approx(stale["train/grad_norm"], rel=1e-6)
     assert "offpolicy/grad_norm_stale_0" not in stale  # only the buckets present
+
+
+def test_grad_norm_by_staleness_auto_samples_every_nth_step_and_on_measures_all():
+    """Splitting by bucket costs padding on long-tailed batches: auto measures steps 3, 6, ... (every=3)."""
+    logged = {}
+    for mode in ("auto", "on"):
+        trainer = trainer_for(tiny_model(hidden_size=32, layers=1, heads=2), grad_norm_by_staleness=mode,
+                              grad_norm_by_staleness_every=3)
+        logged[mode] = [step for step in range(1, 8)
+                        if "offpolicy/grad_norm_stale_1" in trainer.step(make_groups(version=trainer.version - 1))]
+    assert logged == {"auto": [3, 6], "on": [1, 2, 3, 4, 5, 6, 7]}
 
 
 def test_grad_norm_by_staleness_is_refused_where_it_would_change_the_gradient():
@@ -265,7 +277,7 @@ def test_grad_norm_by_staleness_is_refused_where_it_would_change_the_gradient():
 def test_a_bucket_missing_from_some_mini_batches_is_averaged_over_those_that_had_it():
     """Two mini-batches, one stale sample: its bucket's norm is that one update's, not halved."""
     model = tiny_model(hidden_size=32, layers=1, heads=2)
-    trainer = trainer_for(model, mini_batches=2, micro_batch_size=2)
+    trainer = trainer_for(model, mini_batches=2, micro_batch_size=2, grad_norm_by_staleness="on")
     trainer.version = 3
     groups = make_groups(version=3)
     groups[1].samples[0].version = 0  # 3 behind: bucket 2-3, in one of the two mini-batches

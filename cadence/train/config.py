@@ -27,8 +27,14 @@ class TrainerConfig(BaseModel):
     grad_norm_by_staleness: Literal["auto", "on", "off"] = Field(
         "auto", description="Log offpolicy/grad_norm_stale_<bucket>, the norm of the gradient that the samples "
         "0, 1, 2-3, 4-7 or 8+ versions behind contribute (their micro-batches run bucket by bucket; the total "
-        "gradient is unchanged). 'auto': on steps whose batch holds a stale sample (rollout.async_ratio > 0), "
-        "off under data parallelism and with algorithm.mismatch.mode=m2po, whose mask is per micro-batch."
+        "gradient is unchanged; a long-tailed batch pays more padding). 'auto': every "
+        "grad_norm_by_staleness_every-th step whose batch holds a stale sample (rollout.async_ratio > 0), "
+        "off under data parallelism and with algorithm.mismatch.mode=m2po, whose mask is per micro-batch; "
+        "'on': every step."
+    )
+    grad_norm_by_staleness_every: int = Field(
+        10, gt=0, description="grad_norm_by_staleness=auto measures training steps 10, 20, ... (for 10): "
+        "splitting by bucket cost up to 1.2x a step's training time on long-tailed batches, so auto samples it."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR decay after warm-up.")

@@ -276,7 +276,10 @@ class PolicyTrainer:
         mode = self.cfg.grad_norm_by_staleness
         if mode == "off" or self._why_not_by_staleness():
             return False
-        return mode == "on" or bool((batch.versions < self.version).any())
+        if mode == "on":
+            return True
+        sampled = (self.steps + 1) % self.cfg.grad_norm_by_staleness_every == 0  # steps 10, 20, ...: a diagnostic
+        return sampled and bool((batch.versions < self.version).any())
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """pi_old is the policy at the start of this step. With one update per batch that is
