@@ -277,6 +277,10 @@ class SumsTask(vf.Task[SumsData]):
     async def exact(self, trace: vf.Trace) -> float:
         return float(trace.last_reply.strip() == self.data.answer)
 
+    @vf.reward(weight=0.1)
+    async def replied(self, trace: vf.Trace) -> float:
+        return float(trace.num_turns >= 1)
+
 
 class SumsConfig(vf.TasksetConfig):
     count: int = 8
@@ -366,6 +370,7 @@ def test_a_rollout_that_failed_inside_verifiers_raises_its_cause_in_one_line():
                                 "Traceback (most recent call last): ... ConnectionError: refused"
 
 
+@pytest.mark.slow  # each episode's harness program is a python process (~30 s for 2 steps)
 def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_sums, tmp_path):
     cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, f"agent.kwargs.env={vf_sums}", "trainer.steps=2",
                              f"logging.run_dir={tmp_path}/run"])
@@ -377,6 +382,7 @@ def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_su
     # cadence's endpoint, and every request was trained
     assert steps[-1]["agent/runs_played_total"] >= 32 and steps[-1]["agent/runs_lost_total"] == 0
     assert steps[-1]["agent/samples_total"] >= 32 and all(r["train/response_tokens"] > 0 for r in steps)
+    assert all(r["reward/mean"] >= 0.1 for r in steps)  # the taskset's rewards: 0.1 for a reply, +1 if right
 
 
 def test_a_verifiers_environment_that_is_not_installed_stops_the_run_in_one_line(vf_sums, tmp_path):
