@@ -141,10 +141,10 @@ def _tasks(env: str, env_config_json: str, select_json: str) -> tuple[Any, ...]:
         raise ValueError(
             f"agent.kwargs.env={env!r} is an infinite taskset: bound it with agent.kwargs.select.limit=N"
         )
-    tasks = tuple(taskset)
-    if not tasks:
+    selected = tuple(taskset)
+    if not selected:
         raise ValueError(f"agent.kwargs.select={select_json} leaves no task of {env!r}")
-    return tasks
+    return selected
 
 
 def tasks(env: str, env_config: Mapping[str, Any] | None = None, select: Mapping[str, Any] | None = None) -> tuple:
