@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from cadence.algo.rhythm import (
     BatchLayout,
@@ -27,7 +26,6 @@ from cadence.algo.rhythm import (
     top_q_mask,
     waad,
 )
-from cadence.config import ConfigError, load_config
 
 
 def causal_maps(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -352,40 +350,6 @@ def test_coupled_tau_delta_median_leaves_out_the_last_token() -> None:
     sel = select1(w, f, "coupled", lookback=1, tau_waad=5.0)
     assert sel.gamma.tolist() == [1.0, 1.0, 1.5, 1.25, 1.25]
     assert sel.introducer.tolist() == [-1, -1, -1, -1, 3]
-
-
-# ----------------------------------------------------------------------------
-# Configuration
-
-
-def test_config_validation() -> None:
-    cfg = RhythmConfig()
-    assert (cfg.window, cfg.fai_min, cfg.fai_max) == (10, 10, 100)
-    assert (cfg.head_fraction, cfg.gamma_amp, cfg.top_q, cfg.both_signs) == (0.3, 1.5, 0.4, True)
-    assert (cfg.alpha, cfg.lookback, cfg.layers, cfg.micro_batch) == (0.5, 3, 5, 128)
-    assert cfg.tau_waad == cfg.tau_delta == "median"
-    assert RhythmConfig(tau_waad=2.0).tau_waad == 2.0
-    for bad in [
-        {"typo": 1},
-        {"fai_min": 50, "fai_max": 20},
-        {"head_fraction": 0.6},
-        {"tau_delta": "mean"},
-        {"micro_batch": 0},
-    ]:
-        with pytest.raises(ValidationError):
-            RhythmConfig(**bad)
-
-
-def test_credit_is_one_knob() -> None:
-    """The mode is algorithm.credit only; the old algorithm.rhythm.credit points there."""
-    with pytest.raises(ValidationError, match="algorithm.credit=local"):
-        RhythmConfig(credit="local")
-    with pytest.raises(ConfigError) as err:
-        load_config(None, ["algorithm.rhythm.credit=coupled", "algorithm.rhythm.top_q=0.3"])
-    assert "set algorithm.credit=coupled instead" in str(err.value)
-    cfg = load_config(None, ["algorithm.credit=local", "algorithm.rhythm.top_q=0.3"])
-    assert cfg.algorithm.credit == "local" and cfg.algorithm.rhythm.top_q == 0.3
-    assert load_config(None, []).algorithm.credit == "none"
 
 
 # ----------------------------------------------------------------------------
