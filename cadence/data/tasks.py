@@ -28,12 +28,16 @@ class Prompt:
 
     `meta` must stay JSON-serialisable (it is logged and may cross process
     boundaries); for reasoning-gym it carries the dataset entry the scorer needs.
+    `messages` is the prompt as chat messages (`[{"role": ..., "content": ...}]`) when the
+    source gives it that way (verl/TRL rows); `text` then holds their plain-text form. A
+    chat-template model renders `messages` when set, else `text` as one user turn.
     """
 
     id: str
     text: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
 
 
 @runtime_checkable
