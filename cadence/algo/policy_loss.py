@@ -90,6 +90,7 @@ def compute_policy_loss(
     cfg: AlgorithmConfig,
     token_denominator: float | None = None,
     seq_denominator: float | None = None,
+    kl_coef: float | None = None,
 ) -> LossOutput:
     """Total policy loss: aggregate(I^A_t * pg_t - entropy_coef * I^H_t * H_t) + kl.coef * KL.
 
@@ -103,6 +104,7 @@ def compute_policy_loss(
     w_mis, keep_mis: the train/inference mismatch correction (mismatch.py).
     Denominators: pass the full batch's `batch_denominators(mask)` when this
     call sees one micro-batch of it, so micro-batch losses sum to the batch loss.
+    `kl_coef`: the coefficient now, when it adapts during a run (the trainer's state); else kl.coef.
     """
     _check_inputs(inputs)
     inp = _sanitise(inputs)
@@ -155,8 +157,9 @@ def compute_policy_loss(
     if inp.ref_logprobs is not None:
         kl_term = kl_loss(inp.logprobs, inp.ref_logprobs, mask, cfg.kl, **agg)
         metrics["kl_ref"] = float(kl_term.detach())
-        if cfg.kl.mode == "loss" and cfg.kl.coef > 0:
-            loss = loss + cfg.kl.coef * kl_term
+        coef = cfg.kl.coef if kl_coef is None else kl_coef
+        if cfg.kl.mode == "loss" and coef > 0:
+            loss = loss + coef * kl_term
     if inp.entropy is not None:
         metrics["entropy"] = float(aggregate(entropy.detach() * entropy_mask, mask, **agg))
 

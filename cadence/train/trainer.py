@@ -171,8 +171,7 @@ class PolicyTrainer:
             self.version += 1
             self._sync_credit()
         if self.kl_control is not None and "train/kl_ref" in metrics:
-            self.algo.kl.coef = self.kl_control.update(metrics["train/kl_ref"], len(batch))
-            metrics["train/kl_coef"] = self.algo.kl.coef
+            metrics["train/kl_coef"] = self.kl_control.update(metrics["train/kl_ref"], len(batch))
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/seconds"] = time.perf_counter() - start
         metrics["train/staleness_mean"] = float(staleness.mean())
@@ -376,6 +375,7 @@ class PolicyTrainer:
                 self.algo,
                 token_denominator=float(tokens),
                 seq_denominator=float(seqs),
+                kl_coef=self.kl_control.coef if self.kl_control is not None else None,
             )
             # DDP and FSDP average gradients over ranks; the world size undoes that, and a
             # padding micro-batch (n >= real, FSDP only) contributes nothing.
@@ -405,7 +405,8 @@ class PolicyTrainer:
     def state_dict(self) -> dict:
         """On CPU, so a checkpoint loads on any machine; loading casts it back to the parameters' device."""
         state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
-        state["kl_coef"] = self.algo.kl.coef  # adaptive KL moves it
+        if self.kl_control is not None:  # adaptive KL: the coefficient is trainer state, never config
+            state["kl_coef"] = self.kl_control.coef
         optimizer = self.dp.optimizer_state(self.optimizer)  # data parallel: None, its shards go to `save_sharded`
         if optimizer is not None:
             state["optimizer"] = optimizer
@@ -429,7 +430,7 @@ class PolicyTrainer:
             self.dp.load_optimizer(self.policy, self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.kl_control is not None and "kl_coef" in state:
-            self.algo.kl.coef = self.kl_control.coef = float(state["kl_coef"])
+            self.kl_control.coef = float(state["kl_coef"])
         if self.critics is not None:
             self.critics.load_state_dict(state["critics"])
         self._sync_credit()
