@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cadence.data.options import check_arith_config, check_chain_config
 
 TaskKind = Literal["arith", "chain", "jsonl", "rg"]
+ChatTemplate = Literal["auto", "on", "off"]
 RG_PREFIX = "rg:"
 
 
@@ -90,6 +91,18 @@ class TaskConfig(BaseModel):
         "",
         description="Appended verbatim to every prompt text (e.g. an answer-format "
         "instruction); include your own leading space/newline.",
+    )
+    chat_template: ChatTemplate = Field(
+        "auto",
+        description="Render prompts with the model's chat template: 'auto' (when its tokenizer has "
+        "one), 'on' (an error at load when it has none), 'off' (the raw text).",
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message before every prompt (raw text: a line before it)."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to the chat template, e.g. {enable_thinking: false} for Qwen3.",
     )
     seed: int = Field(0, description="Seed for prompt generation and splitting.")
 
