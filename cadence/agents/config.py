@@ -15,12 +15,14 @@ before any model loads.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cadence.python_spec import PYTHON_PREFIX, check_known_kwargs, load_python_object
+from cadence.sandbox.models import Limits
 
 # The config's names for the endpoint's tool-call formats (cadence.agents.tool_calls).
 TOOL_FORMAT_NAMES = {"hermes": "hermes", "llama3": "llama3_json", "none": None}
@@ -41,6 +43,99 @@ class AgentEndpointConfig(BaseModel):
         "the agent sees why). None: rollout.max_context_tokens, capped at the model's max_position_embeddings.",
     )
     model_name: str = Field("cadence", min_length=1, description="The model id /v1/models lists.")
+
+
+class TaskSandboxConfig(BaseModel):
+    """`agent.sandbox`: the sandbox each run gets, from a pool with warm spares (cadence/agents/task_sandbox.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: str | None = Field(
+        None, description="The template (cadence sandbox template build) the sandboxes run on; a row's "
+        "'template' field overrides it. None: the host's system, read-only.",
+    )
+    limits: Limits = Field(default_factory=Limits, description="Per-sandbox limits (memory_mb, wall_s per call, ...).")
+    warm: int = Field(4, ge=0, le=1024, description="Warm spares kept ready on the template.")
+    max_size: int = Field(256, ge=1, le=65536, description="Sandboxes leased at once at most (runs, groups' "
+                          "prepared states and gradings together); an acquire past it waits.")
+    repo_field: str = Field("repo", description="Row field with the workspace: a folder or a .tar path.")
+    files_field: str = Field("files", description="Row field with files for the workspace: {path: text}.")
+    setup: str | None = Field(
+        None, description="A shell command run once per group in the prepared workspace (e.g. 'pip install "
+        "-e .'); every run of the group starts from a copy of its result.",
+    )
+    setup_timeout_s: float = Field(300.0, gt=0, le=86400, description="Wall clock of the setup command.")
+    http: bool = Field(
+        True, description="Also serve each run's sandbox over HTTP (task['sandbox_url'], a token scoped to "
+        "that sandbox in task['sandbox_token']), for scaffolds in another process or language.",
+    )
+
+
+class GraderConfig(BaseModel):
+    """`agent.grader`: a run's reward from the task's hidden tests (cadence/agents/grader.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tests_field: str = Field("tests", description="Row field with the hidden tests: snippets in the "
+                             "unit-test judge's format, never shown to the agent.")
+    setup_field: str = Field("test_setup", description="Row field with code the judge's worker runs before "
+                             "each test, from the workspace (e.g. 'from calc import add').")
+    protected_field: str = Field("protected", description="Row field with the task's protected paths (added "
+                                 "to agent.grader.protected).")
+    protected: list[str] = Field(
+        default_factory=lambda: ["tests", "test", "conftest.py", "pytest.ini", "tox.ini", "setup.cfg",
+                                 "pyproject.toml", "*.pth", "sitecustomize.py", "usercustomize.py"],
+        description="Paths whose changes are not carried to grading (graded as the task had them), "
+        "as in .gitignore: a name without '/' matches at any depth, one with '/' from the workspace root; "
+        "a folder covers what is under it.",
+    )
+    outputs: list[str] | None = Field(
+        None, description="Carry only these paths (same patterns) from the run's workspace; None: every change.",
+    )
+    scoring: str = Field(
+        "fraction", description="'fraction' (tests passed / total), 'all' (1.0 only if all pass), or "
+        "'python:module:function' taking the report {passed, total, error} and returning the reward.",
+    )
+    agent_reward: Literal["ignore", "add"] = Field(
+        "ignore", description="The agent's own returned number: 'ignore' (logged as agent/returned_reward_mean "
+        "only) or 'add' (added to the grader's).",
+    )
+    test_timeout_s: float = Field(2.0, gt=0, le=3600, description="Wall clock per hidden test; one out of "
+                                  "time scores the run 0.")
+    max_changes_mb: float = Field(16.0, gt=0, le=4096, description="A run whose changed files pass this "
+                                  "size scores 0 (nothing is graded).")
+
+    @field_validator("scoring")
+    @classmethod
+    def _check_scoring(cls, scoring: str) -> str:
+        if scoring in ("fraction", "all"):
+            return scoring
+        if not scoring.startswith(PYTHON_PREFIX):
+            raise ValueError(f"agent.grader.scoring {scoring!r}: 'fraction', 'all', or 'python:module:function'")
+        if not callable(load_python_object(scoring, f"agent.grader.scoring {scoring!r}", kind="function")):
+            raise ValueError(f"agent.grader.scoring {scoring!r} is not a function of the test report")
+        return scoring
+
+
+class CanariesConfig(BaseModel):
+    """`agent.canaries`: tasks that cannot pass honestly; their pass rate is the measured hack rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="A JSONL file of canary rows (the task rows' fields; hidden tests that "
+                      "contradict the statement).")
+    every: int = Field(8, ge=2, description="One group in `every` plays a canary.")
+    max_pass_rate: float = Field(0.05, ge=0, le=1, description="Above this pass rate (over the last `window` "
+                                 "canary runs) the run warns or stops.")
+    window: int = Field(32, ge=1, description="Canary runs the threshold looks at (none before that many).")
+    action: Literal["warn", "stop"] = Field("warn", description="'warn': print a warning; 'stop': end the run.")
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: str) -> str:
+        if not os.path.isfile(path):
+            raise ValueError(f"agent.canaries.path {path!r}: no such file (a JSONL of canary task rows)")
+        return path
 
 
 class AgentConfig(BaseModel):
@@ -66,6 +161,17 @@ class AgentConfig(BaseModel):
         None, ge=0, description="Lost runs replaced per group (on the same task); None: 2 x rollout.group_size.",
     )
     endpoint: AgentEndpointConfig = Field(default_factory=AgentEndpointConfig)
+    sandbox: TaskSandboxConfig | None = Field(
+        None, description="A sandbox per run with the task's workspace, handed to the agent with the task "
+        "(task['sandbox'], task['sandbox_url'], task['sandbox_token']); None: no sandbox.",
+    )
+    grader: GraderConfig | None = Field(
+        None, description="Grade each run's workspace changes with the task's hidden tests, in a fresh copy "
+        "of the task's start the agent never touched; None: the agent's own return is the reward.",
+    )
+    canaries: CanariesConfig | None = Field(
+        None, description="Tasks whose hidden tests cannot pass honestly, mixed in to measure the hack rate.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -86,6 +192,16 @@ class AgentConfig(BaseModel):
             signature.bind("client", "task", **self.kwargs)
         except TypeError as exc:
             raise ValueError(f"agent.kwargs: {self.name}{signature}: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_grading(self) -> AgentConfig:
+        if (self.sandbox is not None or self.grader is not None) and self.tasks != "task":
+            raise ValueError("agent.sandbox and agent.grader need agent.tasks=task (rows with a workspace)")
+        if self.grader is not None and self.sandbox is None:
+            raise ValueError("agent.grader grades the run's sandbox: set agent.sandbox too (e.g. agent.sandbox.warm=4)")
+        if self.canaries is not None and self.grader is None:
+            raise ValueError("agent.canaries are scored by the grader: set agent.grader too")
         return self
 
     @property

@@ -50,7 +50,11 @@ from typing import Any
 import httpx
 import openai
 
+from cadence.agents.canaries import Canaries
+from cadence.agents.config import AgentConfig
 from cadence.agents.endpoint import AgentEndpoint
+from cadence.agents.grader import Grader
+from cadence.agents.task_sandbox import TaskGroup, TaskSandboxes
 from cadence.agents.trajectory import Trajectory
 from cadence.envs.runner import EnvFailure
 from cadence.rollout.env_errors import EnvErrorReport, EnvironmentFailing
@@ -58,6 +62,7 @@ from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group, Sample
+from cadence.sandbox.models import SandboxError
 
 AgentFn = Callable[..., Awaitable[float | dict]]
 
@@ -84,7 +89,8 @@ class AgentProducer:
     def __init__(self, endpoint: AgentEndpoint, agent: AgentFn, tasks: Sequence[Any], group_size: int,
                  eval_tasks: Sequence[Any] = (), first_key: int = 0, kwargs: dict | None = None,
                  timeout_s: float | None = None, max_retries: int | None = None,
-                 errors: EnvErrorReport | None = None) -> None:
+                 errors: EnvErrorReport | None = None, sandboxes: TaskSandboxes | None = None,
+                 grader: Grader | None = None, canaries: Canaries | None = None) -> None:
         if not tasks:
             raise ValueError("AgentProducer needs at least one task")
         if group_size < 1:
@@ -104,6 +110,8 @@ class AgentProducer:
         self.counts: Counter[str] = Counter()
         self.first_failure: str | None = None
         self.open: dict[int, tuple[int, set[asyncio.Task]]] = {}  # group id -> (version, its runs)
+        self.sandboxes, self.grader, self.canaries = sandboxes, grader, canaries
+        self.returned: list[float] = []  # the agents' own rewards since the last metrics (grader runs)
         self._tls = ssl.create_default_context()
         self._starting: asyncio.Future | None = None
 
@@ -119,7 +127,18 @@ class AgentProducer:
         """Run `group_size` agents on task `key` (modulo the task list); their samples."""
         index = key % len(self.tasks)
         task = self.tasks[index]
-        runs = {asyncio.ensure_future(self._run(task, index)) for _ in range(self.group_size)}
+        canary = self.canaries.row(key) if self.canaries is not None else None
+        if canary is not None:
+            task, index = canary, f"canary-{key}"
+        try:
+            group = await self.sandboxes.open_group(task) if self.sandboxes is not None else None
+        except SandboxError as exc:  # the task's workspace could not be prepared: no run can play it
+            self._lost(EnvFailure("raised", "run", f"task sandbox: {exc}"), index)  # type: ignore[arg-type]
+            self.counts["groups"] += 1
+            self.counts["groups_dropped"] += 1
+            self._check()
+            return None
+        runs = {asyncio.ensure_future(self._run(task, index, group, canary is not None)) for _ in range(self.group_size)}
         self.open[group_id] = (self.version, runs)
         finished: list[tuple[float, Trajectory]] = []
         retries = 0
@@ -135,12 +154,14 @@ class AgentProducer:
                     elif retries < self.max_retries:  # lost (reported in _run): another try, same task
                         retries += 1
                         self.counts["runs_retried"] += 1
-                        runs.add(asyncio.ensure_future(self._run(task, index)))
+                        runs.add(asyncio.ensure_future(self._run(task, index, group, canary is not None)))
                 self._check()
         finally:
             self.open.pop(group_id, None)
             for run in runs:
                 run.cancel()
+            if group is not None:  # its runs' sandboxes first (each releases its own), then the group's
+                await asyncio.shield(_close_group(group, runs))
         samples: list[Sample] = []
         for reward, trajectory in finished:
             samples += trajectory.samples(reward, group_id, f"task-{index}")
@@ -181,6 +202,15 @@ class AgentProducer:
         names = ("runs", "runs_played", "runs_lost", "runs_retried", "runs_cancelled", "groups", "groups_dropped",
                  "samples")
         out = {f"agent/{k}_total": float(self.counts[k]) for k in names}
+        if self.sandboxes is not None:
+            out.update(self.sandboxes.metrics())
+        if self.grader is not None:
+            out.update({f"agent/grader_{k}_total": float(v) for k, v in self.grader.counts.items()})
+            if self.returned:
+                out["agent/returned_reward_mean"] = sum(self.returned) / len(self.returned)
+            self.returned = []
+        if self.canaries is not None:
+            out.update(self.canaries.metrics())
         return {**out, **self.endpoint.metrics()}
 
     def reward_report(self) -> dict:
@@ -205,12 +235,50 @@ class AgentProducer:
         # The server is a task on the worker's loop: end it while that loop still runs (a later
         # evaluation starts it again, on a new port).
         await self.endpoint.stop()
+        if self.sandboxes is not None:  # every sandbox still leased, the HTTP door, the pool
+            await self.sandboxes.close()
 
     def close(self) -> None:
         pass  # each run closes its own client
 
     # -- one run ------------------------------------------------------------------
-    async def _run(self, task: Any, label: int | str) -> tuple[float, Trajectory]:
+    async def _run(self, task: Any, label: int | str, group: TaskGroup | None = None,
+                   canary: bool = False) -> tuple[float, Trajectory]:
+        """One run; with agent.sandbox, in a sandbox of its own (of `group`, else of a group of one
+        opened for it: evaluation), released when it ends, and graded with agent.grader."""
+        if self.sandboxes is None:
+            return await self._play(task, label)
+        if group is not None:
+            return await self._in_sandbox(task, label, group, canary)
+        group = await self.sandboxes.open_group(task)
+        try:
+            return await self._in_sandbox(task, label, group, canary)
+        finally:
+            await group.close()
+
+    async def _in_sandbox(self, row: dict, label: int | str, group: TaskGroup,
+                          canary: bool) -> tuple[float, Trajectory]:
+        hidden = self.grader.hidden() if self.grader is not None else ()
+        async with group.run() as sandbox:
+            returned, trajectory = await self._play(sandbox.task(row, hidden), label)
+            after = await sandbox.snapshot() if self.grader is not None else None
+        if self.grader is None or after is None:
+            return returned, trajectory
+        # Graded after the run's sandbox is gone: nothing it left running reaches the grading.
+        try:
+            report = await self.grader.grade(group, row, self.grader.changes(row, group.pristine, after))
+        except Exception as exc:  # a row the grader cannot use (no hidden tests): said once, loud
+            self._lost(EnvFailure("raised", "run", f"grading: {type(exc).__name__}: {exc}"), label)  # type: ignore[arg-type]
+            raise AgentLost(f"grading: {exc}") from exc
+        reward = self.grader.score(report)
+        self.returned.append(returned)
+        if self.grader.cfg.agent_reward == "add":
+            reward += returned
+        if canary and self.canaries is not None:
+            self.canaries.record(report["error"] is None and report["passed"] == report["total"])
+        return reward, trajectory
+
+    async def _play(self, task: Any, label: int | str) -> tuple[float, Trajectory]:
         if not self.endpoint.serving:  # start it here: on the loop the hub serves (once)
             if self._starting is None or self._starting.done():
                 self._starting = asyncio.ensure_future(self.endpoint.start())
@@ -258,6 +326,18 @@ class AgentProducer:
     def _cancelled() -> bool:
         task = asyncio.current_task()
         return task is not None and task.cancelling() > 0
+
+
+def sandbox_and_grading(agent: AgentConfig) -> dict[str, Any]:
+    """AgentProducer's keyword arguments for agent.sandbox, agent.grader and agent.canaries."""
+    return {"sandboxes": TaskSandboxes(agent.sandbox) if agent.sandbox is not None else None,
+            "grader": Grader(agent.grader) if agent.grader is not None else None,
+            "canaries": Canaries(agent.canaries) if agent.canaries is not None else None}
+
+
+async def _close_group(group: TaskGroup, runs: set[asyncio.Task]) -> None:
+    await asyncio.gather(*runs, return_exceptions=True)
+    await group.close()
 
 
 def _reward(returned: Any) -> float:

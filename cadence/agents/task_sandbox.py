@@ -1,0 +1,286 @@
+"""A sandbox for every agent run: acquired before the run, handed to the agent with its task,
+released when the run ends however it ends (returned, raised, timed out, cancelled).
+
+    group = await sandboxes.open_group(task)     # the task's workspace, prepared once per group
+    async with group.run() as sandbox:           # a warm spare with a copy of it
+        await agent(client, sandbox.task(task))  # task["sandbox"], ["sandbox_url"], ["sandbox_token"]
+        after = await sandbox.snapshot()         # the workspace as the run left it (for grading)
+    await group.close()
+
+The pool (cadence/sandbox/pool.py) keeps `warm` spares started on the template, so a run waits
+for a copy of the workspace, not for a sandbox to start. A group's workspace is seeded once from
+the row (a folder or tar under `repo_field`, files under `files_field`), `setup` runs there once,
+and every run of the group gets a copy (workspace.copy_workspace) of that prepared state, so the
+runs of a group start from the same files. The group's sandbox stays, untouched by any agent, as
+the pristine state the grader forks (grader.py).
+
+Scaffolds in another process or language reach their sandbox over HTTP: the sandbox service's
+app (cadence/sandbox/server.py) served on 127.0.0.1 from this process, with a token per run that
+reaches that one sandbox only (auth.Clients.issue(sandbox_id=...)), revoked at release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import secrets
+import tarfile
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from cadence.agents.config import TaskSandboxConfig
+from cadence.sandbox import workspace
+from cadence.sandbox.auth import Clients
+from cadence.sandbox.models import ExecRequest, ExecResult, SandboxError
+from cadence.sandbox.pool import Pool, PoolConfig, PoolFull
+
+POOL_FULL_WAIT_S = 0.05  # between tries of an acquire while max_size sandboxes are leased
+
+# Keys a run's task gets for its sandbox (and so keys a task row must not have).
+SANDBOX_KEYS = ("sandbox", "sandbox_url", "sandbox_token")
+
+
+class TaskSetupFailed(SandboxError):
+    """A task's workspace could not be prepared (a missing repo, a failing setup command)."""
+
+
+class TaskSandbox:
+    """One run's sandbox, as the agent gets it in task["sandbox"]. Paths are relative to the
+    workspace (/workspace, the working directory of every command). Each call has a sync form
+    and an async one (`a` in front), which runs it in a thread so the agent's loop keeps turning."""
+
+    def __init__(self, pool: Pool, sandbox_id: str, url: str | None = None, token: str | None = None) -> None:
+        self.pool, self.id, self.url, self.token = pool, sandbox_id, url, token
+
+    def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, timeout_s: float | None = None,
+             stdin: str = "", env: dict[str, str] | None = None, session: bool = False) -> ExecResult:
+        """A shell string or an argv list (`cmd`), or Python `code`; `session=True` keeps the shell's
+        working directory and variables (or Python's globals) from call to call."""
+        request = ExecRequest(cmd=cmd, code=code, timeout_s=timeout_s, stdin=stdin, env=env or {}, session=session)
+        return self.pool.exec(self.id, request)
+
+    def read_file(self, path: str) -> bytes:
+        return self.pool.read_file(self.id, path)
+
+    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
+        return self.pool.write_file(self.id, path, data.encode() if isinstance(data, str) else data, mode)
+
+    def upload(self, local_path: str, path: str) -> str:
+        """A host file into the workspace."""
+        with open(local_path, "rb") as f:
+            return self.write_file(path, f.read(), os.stat(local_path).st_mode & 0o777)
+
+    def download(self, path: str, local_path: str) -> None:
+        """A workspace file onto the host."""
+        with open(local_path, "wb") as f:
+            f.write(self.read_file(path))
+
+    async def aexec(self, cmd: str | list[str] | None = None, **kw: Any) -> ExecResult:
+        return await asyncio.to_thread(self.exec, cmd, **kw)
+
+    async def aread_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self.read_file, path)
+
+    async def awrite_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
+        return await asyncio.to_thread(self.write_file, path, data, mode)
+
+    async def aupload(self, local_path: str, path: str) -> str:
+        return await asyncio.to_thread(self.upload, local_path, path)
+
+    async def adownload(self, path: str, local_path: str) -> None:
+        await asyncio.to_thread(self.download, path, local_path)
+
+    def task(self, row: dict, hidden: tuple[str, ...] = ()) -> dict:
+        """What the agent gets: the row without its `hidden` fields (the grader's), with this sandbox."""
+        return {**{k: v for k, v in row.items() if k not in hidden},
+                "sandbox": self, "sandbox_url": self.url, "sandbox_token": self.token}
+
+    async def snapshot(self) -> bytes:
+        """The workspace now, as a tar (every process of the sandbox stopped while it is read)."""
+        return await asyncio.to_thread(workspace.snapshot, self.pool.box(self.id))
+
+
+class TaskSandboxes:
+    """The pool of one producer's runs (started with its first group) and its HTTP door."""
+
+    def __init__(self, cfg: TaskSandboxConfig) -> None:
+        self.cfg = cfg
+        self.pool: Pool | None = None
+        self.service: SandboxService | None = None
+        self.leased: set[str] = set()  # every sandbox id acquired and not yet released
+        self.counts = {"acquired": 0, "released": 0}
+        self._starting = asyncio.Lock()
+
+    async def start(self) -> Pool:
+        async with self._starting:
+            if self.pool is None:
+                templates = {self.cfg.template: self.cfg.warm} if self.cfg.template else {}
+                config = PoolConfig(warm=0 if templates else self.cfg.warm, templates=templates,
+                                    max_size=self.cfg.max_size, limits=self.cfg.limits, idle_timeout_s=86400)
+                self.pool = await asyncio.to_thread(Pool, config)  # starts the first spares
+                if self.cfg.http:
+                    self.service = await asyncio.to_thread(SandboxService, self.pool)
+        return self.pool
+
+    async def acquire(self, template: str | None, owner: str | None = None) -> str:
+        """A sandbox id (a warm spare when one is ready); waits while max_size are leased."""
+        pool = await self.start()
+        while True:
+            try:
+                info = await asyncio.to_thread(pool.acquire, None, True, (), owner, template)
+                break
+            except PoolFull:
+                await asyncio.sleep(POOL_FULL_WAIT_S)
+        self.leased.add(info.id)
+        self.counts["acquired"] += 1
+        return info.id
+
+    async def release(self, sandbox_id: str) -> None:
+        """Stops it; shielded, so a cancelled run still releases (the stop runs to its end)."""
+        if sandbox_id not in self.leased:
+            return
+        self.leased.discard(sandbox_id)
+        self.counts["released"] += 1
+        assert self.pool is not None
+        release = asyncio.to_thread(_release_quietly, self.pool, sandbox_id)
+        await asyncio.shield(asyncio.ensure_future(release))
+
+    async def open_group(self, row: dict) -> TaskGroup:
+        """The task's workspace prepared in a sandbox of its own (seeded, then `setup`)."""
+        template = row.get("template") or self.cfg.template
+        base = await self.acquire(template)
+        try:
+            await asyncio.to_thread(self._prepare, base, row)
+            pristine = await asyncio.to_thread(workspace.snapshot, self.pool.box(base))
+        except BaseException:
+            await self.release(base)
+            raise
+        return TaskGroup(self, base, template, pristine)
+
+    def _prepare(self, sandbox_id: str, row: dict) -> None:
+        assert self.pool is not None
+        box = self.pool.box(sandbox_id)
+        repo, files = row.get(self.cfg.repo_field), row.get(self.cfg.files_field)
+        if files is not None and not isinstance(files, dict):
+            raise TaskSetupFailed(f"task field {self.cfg.files_field!r} must be a mapping {{path: text}}, "
+                                  f"got a {type(files).__name__}")
+        workspace.seed(box, files=files, tar=repo_tar(repo, self.cfg.repo_field) if repo else None)
+        if self.cfg.setup:
+            r = self.pool.exec(sandbox_id, ExecRequest(cmd=self.cfg.setup, timeout_s=self.cfg.setup_timeout_s))
+            if not r.ok:
+                raise TaskSetupFailed(f"agent.sandbox.setup {self.cfg.setup!r} failed: exit {r.exit_code}, "
+                                      f"limit {r.limit}: {(r.stderr or r.stdout).strip()[-300:]}")
+
+    async def close(self) -> None:
+        """Release what is still leased, stop the HTTP door and the pool."""
+        for sandbox_id in list(self.leased):
+            await self.release(sandbox_id)
+        if self.service is not None:
+            await asyncio.to_thread(self.service.stop)
+            self.service = None
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
+            self.pool = None
+
+    def metrics(self) -> dict[str, float]:
+        return {"agent/sandboxes_acquired_total": float(self.counts["acquired"]),
+                "agent/sandboxes_released_total": float(self.counts["released"]),
+                "agent/sandboxes_leased": float(len(self.leased))}
+
+
+class TaskGroup:
+    """A group's prepared workspace (`base`, a sandbox no agent touches) and its runs' sandboxes."""
+
+    def __init__(self, sandboxes: TaskSandboxes, base: str, template: str | None, pristine: bytes) -> None:
+        self.sandboxes, self.base, self.template, self.pristine = sandboxes, base, template, pristine
+
+    @property
+    def pool(self) -> Pool:
+        assert self.sandboxes.pool is not None
+        return self.sandboxes.pool
+
+    async def fork(self, owner: str | None = None) -> str:
+        """A sandbox holding a copy of the prepared workspace (a warm spare, then the copy)."""
+        sandbox_id = await self.sandboxes.acquire(self.template, owner)
+        try:
+            await asyncio.to_thread(workspace.copy_workspace, self.pool.box(self.base), self.pool.box(sandbox_id))
+        except BaseException:
+            await self.sandboxes.release(sandbox_id)
+            raise
+        return sandbox_id
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[TaskSandbox]:
+        """One run's sandbox, released at the end of the block whatever ends it."""
+        service = self.sandboxes.service
+        owner = f"run-{uuid.uuid4().hex[:12]}" if service is not None else None
+        sandbox_id = await self.fork(owner)
+        try:
+            url = token = None
+            if service is not None:
+                url, token = service.url(sandbox_id), service.clients.issue(owner, sandbox_id=sandbox_id)
+            yield TaskSandbox(self.pool, sandbox_id, url, token)
+        finally:
+            if service is not None:
+                service.clients.revoke(owner)
+            await self.sandboxes.release(sandbox_id)
+
+    async def close(self) -> None:
+        await self.sandboxes.release(self.base)
+
+
+class SandboxService:
+    """The sandbox service's REST app over this pool, on 127.0.0.1 in a thread of its own (so the
+    agents' loop does not serve it). Only per-run scoped tokens are issued; the admin token is
+    random and never leaves this object."""
+
+    def __init__(self, pool: Pool) -> None:
+        import uvicorn
+
+        from cadence.sandbox.server import create_app
+
+        self.clients = Clients(secrets.token_urlsafe(32))
+        config = uvicorn.Config(create_app(pool, self.clients), host="127.0.0.1", port=0, log_level="warning",
+                                timeout_keep_alive=75)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="task-sandbox-http", daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise SandboxError("the task sandboxes' HTTP service did not start")
+            threading.Event().wait(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    def url(self, sandbox_id: str) -> str:
+        """The sandbox's own address: GET it, POST {url}/exec, POST/GET {url}/files."""
+        return f"http://127.0.0.1:{self.port}/v1/sandboxes/{sandbox_id}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def repo_tar(repo: str, field: str) -> bytes:
+    """A task's repository as tar bytes: a .tar file as it is, a folder packed (links kept as links)."""
+    if not isinstance(repo, str) or not os.path.exists(repo):
+        raise TaskSetupFailed(f"task field {field!r}: {repo!r} is not a folder or a tar file on this host")
+    if os.path.isfile(repo):
+        with open(repo, "rb") as f:
+            return f.read()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(os.listdir(repo)):
+            tar.add(os.path.join(repo, name), arcname=name)
+    return buf.getvalue()
+
+
+def _release_quietly(pool: Pool, sandbox_id: str) -> None:
+    with contextlib.suppress(SandboxError):  # already gone (the pool reaped or replaced it away)
+        pool.release(sandbox_id, "agent run ended")
+
+
+SandboxFactory = Callable[[TaskSandboxConfig], TaskSandboxes]
