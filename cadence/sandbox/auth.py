@@ -99,6 +99,7 @@ class Clients:
         self.path = path
         self._lock = threading.Lock()
         self._tokens: dict[str, str] = {}  # name -> token (client tokens only)
+        self._scopes: dict[str, str] = {}  # name -> the one sandbox id its token may reach
         self._by_digest = {_digest(admin_token): ADMIN}
         if path and os.path.exists(path):
             self._load(path)
@@ -129,8 +130,9 @@ class Clients:
         with self._lock:
             return sorted(self._tokens)
 
-    def issue(self, name: str) -> str:
-        """A fresh token for `name` (replacing its old one)."""
+    def issue(self, name: str, sandbox_id: str | None = None) -> str:
+        """A fresh token for `name` (replacing its old one). With `sandbox_id`, the token reaches
+        that one sandbox only (`allows`), and lasts as long as this process (never saved)."""
         if not CLIENT_NAME.fullmatch(name) or name == ADMIN:
             raise ValueError(f"client name {name!r}: use letters, digits, '_', '.', '-' (64 at most), not {ADMIN!r}")
         token = secrets.token_urlsafe(32)
@@ -138,8 +140,19 @@ class Clients:
             self._forget(name)
             self._tokens[name] = token
             self._by_digest[_digest(token)] = name
+            if sandbox_id is not None:
+                self._scopes[name] = sandbox_id
             self._save()
         return token
+
+    def allows(self, client: str, method: str, path: str) -> bool:
+        """Whether `client` may make this call: a scoped token only its sandbox's info, calls and
+        files (not stopping it, creating others, or anything else)."""
+        sandbox_id = self._scopes.get(client)
+        if sandbox_id is None:
+            return True
+        base = f"/v1/sandboxes/{sandbox_id}"
+        return (path == base and method == "GET") or path.startswith(base + "/")
 
     def revoke(self, name: str) -> bool:
         with self._lock:
@@ -149,13 +162,14 @@ class Clients:
 
     def _forget(self, name: str) -> bool:
         old = self._tokens.pop(name, None)
+        self._scopes.pop(name, None)
         if old is not None:
             self._by_digest.pop(_digest(old), None)
         return old is not None
 
     def _save(self) -> None:
         if self.path:
-            lines = "".join(f"{n} {t}\n" for n, t in sorted(self._tokens.items()))
+            lines = "".join(f"{n} {t}\n" for n, t in sorted(self._tokens.items()) if n not in self._scopes)
             write_secret(self.path, "# cadence sandbox client tokens: <name> <token>\n" + lines, "--clients-file")
 
 
@@ -181,6 +195,11 @@ class BearerAuth:
             if client is None:
                 deny = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer <token>)"},
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await deny(scope, receive, send)
+                return
+            if not self.clients.allows(client, scope["method"], scope["path"]):
+                deny = JSONResponse({"detail": "this token reaches one sandbox only: its GET, /exec and /files"},
+                                    status_code=403)
                 await deny(scope, receive, send)
                 return
             scope.setdefault("state", {})["client"] = client

@@ -199,6 +199,10 @@ class Pool:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r} (released, reaped, or never created)")
         return slot.info()
 
+    def box(self, sandbox_id: str) -> LocalSandbox:
+        """The sandbox process behind an id now (workspace.seed/snapshot/fork work on it)."""
+        return self._get(sandbox_id).box
+
     def list(self, owner: str | None = None) -> list[SandboxInfo]:
         with self._lock:
             return [s.info() for s in self._slots.values() if owner is None or s.owner == owner]
