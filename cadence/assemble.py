@@ -232,7 +232,7 @@ def agent_tasks(cfg: RunConfig, index: int = 0, workers: int = 1) -> tuple[Seque
     if cfg.agent.tasks == "seeds":
         first = 1000 * (cfg.seed + 1) + 10**6 * index
         return range(first, HELD_OUT_SEED), range(HELD_OUT_SEED, HELD_OUT_SEED + cfg.eval.episodes)
-    task, fields = build_task(cfg.task), (cfg.task.prompt_field, cfg.task.answer_field)
+    task, fields = build_task(cfg.task), (cfg.task.prompt_field or "prompt", cfg.task.answer_field or "answer")
 
     def rows(prompts: list) -> list[dict]:
         return [{**p.meta, fields[0]: p.text, fields[1]: p.answer} for p in prompts]

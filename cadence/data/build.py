@@ -17,10 +17,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from cadence.data.chain import AdditionChainTask
 
         return AdditionChainTask.from_config(cfg)
-    if kind == "jsonl":
-        from cadence.data.jsonl import JsonlTask
+    if kind == "file":
+        from cadence.data.file_task import FileTask
 
-        return JsonlTask.from_config(cfg)
+        return FileTask.from_config(cfg)
     from cadence.data.reasoning_gym import ReasoningGymTask
 
     return ReasoningGymTask.from_config(cfg)

@@ -7,8 +7,10 @@ Naming scheme for `name`:
   (default ``["+", "-"]``), ``digits`` (default 2).
 * ``"chain"``: built-in addition chains ("37+08=" -> "45, 45+08=53, ..., 101"),
   with long-tailed answer lengths. `kwargs`: ``step_min`` (3), ``step_max`` (40).
-* ``"jsonl"``: prompts and answers from JSONL files (`train_file`, optional
-  `test_file`, `prompt_field`, `answer_field`, `test_fraction`).
+* ``"file"``: prompts and answers from data files: JSONL, JSON, parquet, CSV or a
+  `datasets` folder (`train_file`, optional `test_file`, `format`, `preset`,
+  `prompt_field`, `answer_field`, `test_fraction`; cadence/data/file_task.py).
+  ``"jsonl"``, its older name, is the same task.
 * ``"rg:<dataset>"``: any reasoning-gym dataset, e.g. ``"rg:countdown"``;
   `kwargs` go to that dataset's config (``min_numbers``, ...).
 
@@ -21,14 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cadence.data.fields import Preset
 from cadence.data.options import check_arith_config, check_chain_config
+from cadence.data.sources import FileFormat, find_files
 
-TaskKind = Literal["arith", "chain", "jsonl", "rg"]
+TaskKind = Literal["arith", "chain", "file", "rg"]
 ChatTemplate = Literal["auto", "on", "off"]
 RG_PREFIX = "rg:"
 
@@ -37,12 +40,12 @@ def task_kind(name: str) -> TaskKind:
     """Classify a task name, or explain the accepted forms."""
     if name in ("arith", "chain"):
         return name  # type: ignore[return-value]
-    if name == "jsonl":
-        return "jsonl"
+    if name in ("file", "jsonl"):  # jsonl: the older name of file
+        return "file"
     if name.startswith(RG_PREFIX):
         return "rg"
     raise ValueError(
-        f"task.name {name!r} is not a known task: use 'arith' or 'chain' (built-in), 'jsonl' "
+        f"task.name {name!r} is not a known task: use 'arith' or 'chain' (built-in), 'file' "
         "(with task.train_file), or 'rg:<reasoning-gym dataset>' such as 'rg:countdown'"
     )
 
@@ -55,7 +58,7 @@ class TaskConfig(BaseModel):
     name: str = Field(
         "arith",
         description="Task: 'arith' (built-in arithmetic), 'chain' (built-in addition "
-        "chains, long-tailed answers), 'jsonl' (files), or "
+        "chains, long-tailed answers), 'file' (data files), or "
         "'rg:<dataset>' for a reasoning-gym dataset, e.g. 'rg:countdown'.",
     )
     kwargs: dict[str, Any] = Field(
@@ -64,16 +67,35 @@ class TaskConfig(BaseModel):
         "step_min/step_max; for 'rg:*' the "
         "reasoning-gym dataset config fields (not seed/size, which cadence sets).",
     )
-    train_file: str | None = Field(
-        None, description="JSONL file of training prompts (required for 'jsonl')."
-    )
-    test_file: str | None = Field(
+    train_file: str | list[str] | None = Field(
         None,
-        description="JSONL file of test prompts ('jsonl' only); without it a "
-        "deterministic test_fraction of train_file is held out.",
+        description="Training data ('file' only, required): a .jsonl/.json/.parquet/.csv file, a "
+        "folder written by datasets' save_to_disk, a glob, or a list of them.",
     )
-    prompt_field: str = Field("prompt", description="JSONL field holding the prompt text.")
-    answer_field: str = Field("answer", description="JSONL field holding the gold answer.")
+    test_file: str | list[str] | None = Field(
+        None,
+        description="Test data, as train_file ('file' only); without it a deterministic "
+        "test_fraction of train_file is held out.",
+    )
+    format: FileFormat = Field(
+        "auto", description="Data file format: 'auto' (by extension), jsonl, json, parquet, csv."
+    )
+    preset: Preset = Field(
+        "auto",
+        description="Row layout: 'verl' (prompt messages, reward_model.ground_truth), 'trl' "
+        "(prompt; answer/ground_truth/solution), 'messages' (the last assistant message is the "
+        "answer), or 'auto' (chosen by the file's columns).",
+    )
+    prompt_field: str | None = Field(
+        None,
+        description="Field holding the prompt (text or chat messages); a dotted path reaches "
+        "into objects. Default: the preset's.",
+    )
+    answer_field: str | None = Field(
+        None,
+        description="Field holding the gold answer, e.g. reward_model.ground_truth. Default: "
+        "the preset's.",
+    )
     test_size: int = Field(
         200,
         ge=0,
@@ -85,7 +107,7 @@ class TaskConfig(BaseModel):
         gt=0.0,
         lt=1.0,
         description="Fraction of distinct train_file prompts held out as test when "
-        "'jsonl' has no test_file.",
+        "'file' has no test_file.",
     )
     prompt_suffix: str = Field(
         "",
@@ -106,35 +128,42 @@ class TaskConfig(BaseModel):
     )
     seed: int = Field(0, description="Seed for prompt generation and splitting.")
 
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        return ("on" if value else "off") if isinstance(value, bool) else value  # YAML reads on/off as booleans
+
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
         kind = task_kind(self.name)
-        if kind != "jsonl":
+        if kind != "file":
             for attr in ("train_file", "test_file"):
                 if getattr(self, attr) is not None:
                     raise ValueError(
-                        f"task.{attr} is only used by task.name 'jsonl' (got name {self.name!r})"
+                        f"task.{attr} is only used by task.name 'file' (got name {self.name!r})"
                     )
         if kind == "arith":
             check_arith_config(self.kwargs, self.test_size)
         elif kind == "chain":
             check_chain_config(self.kwargs, self.test_size)
-        elif kind == "jsonl":
-            self._check_jsonl()
+        elif kind == "file":
+            self._check_files()
         else:
             check_rg_dataset(self.name[len(RG_PREFIX) :], self.kwargs)
         return self
 
-    def _check_jsonl(self) -> None:
+    def _check_files(self) -> None:
+        """Cheap checks (the files exist, their formats are known); cadence.config.check_data
+        reads them before the model loads."""
         if self.kwargs:
-            raise ValueError(f"task.kwargs is not used by task.name 'jsonl' (got {self.kwargs})")
+            raise ValueError(f"task.kwargs is not used by task.name {self.name!r} (got {self.kwargs})")
         if not self.train_file:
-            raise ValueError("task.name 'jsonl' needs task.train_file (a JSONL file path)")
+            raise ValueError(f"task.name {self.name!r} needs task.train_file (a data file, glob or folder)")
         for attr in ("train_file", "test_file"):
             value = getattr(self, attr)
-            if value is not None and not Path(value).expanduser().is_file():
-                raise ValueError(f"task.{attr}: file not found: {value}")
-        if self.prompt_field == self.answer_field:
+            if value is not None:
+                find_files(value, self.format, f"task.{attr}")
+        if self.prompt_field is not None and self.prompt_field == self.answer_field:
             raise ValueError("task.prompt_field and task.answer_field must differ")
 
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from cadence.data.arithmetic import TERMINATOR, ArithmeticTask
 from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
-from cadence.data.jsonl import JsonlError, JsonlTask, load_jsonl
+from cadence.data.file_task import DataFileError, FileTask
 from cadence.data.reasoning_gym import ReasoningGymTask
 from cadence.data.tasks import Task
 
@@ -142,7 +142,7 @@ def test_jsonl_loads_and_holds_out_deterministically(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     cfg = TaskConfig(name="jsonl", train_file=str(path), test_fraction=0.2, seed=1)
     task = build_task(cfg)
-    assert isinstance(task, JsonlTask)
+    assert isinstance(task, FileTask)
     test = task.prompts("test", 1000)
     assert len(test) == 20
     train = task.prompts("train", 250)
@@ -173,9 +173,13 @@ def test_jsonl_test_file_and_custom_fields(tmp_path):
     assert len(train_texts) == 9 and "x3!" not in train_texts
 
 
+def load_jsonl(path):
+    return build_task(TaskConfig(name="jsonl", train_file=str(path)))
+
+
 def test_jsonl_missing_field_names_file_line_and_field(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "b"}, "", {"prompt": "c"}])
-    with pytest.raises(JsonlError) as info:
+    with pytest.raises(DataFileError) as info:
         load_jsonl(path)
     message = str(info.value)
     assert f"{path}:3" in message and "'answer'" in message and "missing" in message
@@ -183,11 +187,11 @@ def test_jsonl_missing_field_names_file_line_and_field(tmp_path):
 
 def test_jsonl_bad_json_line(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "b"}, '{"prompt": "c",'])
-    with pytest.raises(JsonlError, match=rf"{path}:2: invalid JSON"):
+    with pytest.raises(DataFileError, match=rf"{path}:2: invalid JSON"):
         load_jsonl(path)
-    with pytest.raises(JsonlError, match="expected a JSON object"):
-        load_jsonl(write_jsonl(tmp_path / "e.jsonl", ["[1, 2]"]))
-    with pytest.raises(JsonlError, match="must be a string or number"):
+    with pytest.raises(DataFileError, match="expected a JSON object"):
+        load_jsonl(write_jsonl(tmp_path / "e.jsonl", [{"prompt": "a", "answer": "b"}, "[1, 2]"]))
+    with pytest.raises(DataFileError, match="must be a string or number"):
         load_jsonl(write_jsonl(tmp_path / "f.jsonl", [{"prompt": "a", "answer": None}]))
 
 
@@ -200,7 +204,7 @@ def test_jsonl_config_errors(tmp_path):
     train = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "b"}])
     with pytest.raises(ValidationError, match="task.test_file: file not found"):
         TaskConfig(name="jsonl", train_file=str(train), test_file=str(missing))
-    with pytest.raises(JsonlError, match="at least 2 distinct"):
+    with pytest.raises(DataFileError, match="at least 2 distinct"):
         build_task(TaskConfig(name="jsonl", train_file=str(train)))
 
 
