@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cadence.sandbox.models import IsolationUnavailable, Limits, SandboxError
+from cadence.sandbox.template_layers import UnpackLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Isolated sandboxes: run a command, serve the sandbox API, list and stop sandboxes.")
@@ -234,10 +235,10 @@ StoreOpt = Annotated[str | None, typer.Option(
     "--store", help="Template store (default $CADENCE_TEMPLATE_DIR or ~/.cadence/sandbox/templates).")]
 
 
-def _store(store: str | None):
+def _store(store: str | None, unpack: UnpackLimits | None = None):
     from cadence.sandbox.templates import TemplateStore
 
-    return TemplateStore(store)
+    return TemplateStore(store, unpack)
 
 
 @template_app.command("build")
@@ -251,6 +252,10 @@ def template_build(
     pip: Annotated[list[str] | None, typer.Option("--pip", help="pip requirements installed into a --debian root.")] = None,
     suite: Annotated[str, typer.Option(help="Debian suite for --debian.")] = "bookworm",
     mirror: Annotated[str | None, typer.Option(help="Debian mirror for --debian.")] = None,
+    max_mb: Annotated[int, typer.Option(min=1, help="--from-image: MiB of files the image may write.")] = (
+        UnpackLimits.model_fields["max_mb"].default),
+    max_entries: Annotated[int, typer.Option(min=1, help="--from-image: tar entries the image may have.")] = (
+        UnpackLimits.model_fields["max_entries"].default),
     store: StoreOpt = None,
 ) -> None:
     """Build (or find cached) a template from exactly one of --from-dir, --from-image, --debian."""
@@ -259,7 +264,7 @@ def template_build(
     if pip and debian is None:
         _fail("template build: --pip needs --debian (pip requirements are installed into a Debian root)")
     try:
-        s = _store(store)
+        s = _store(store, UnpackLimits(max_mb=max_mb, max_entries=max_entries))
         if from_dir is not None:
             t = s.build_from_dir(name, from_dir)
         elif from_image is not None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cadence.sandbox.models import SandboxError
-from cadence.sandbox.template_layers import LayerError, unpack_image
+from cadence.sandbox.template_layers import LayerError, UnpackLimits, unpack_image
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox", "templates")
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -68,8 +68,11 @@ class Template:
 
 
 class TemplateStore:
-    def __init__(self, path: str | None = None) -> None:
+    """`unpack`: what building from an image may write (an untrusted image could expand without end)."""
+
+    def __init__(self, path: str | None = None, unpack: UnpackLimits | None = None) -> None:
         self.path = os.path.abspath(path or os.environ.get("CADENCE_TEMPLATE_DIR") or DEFAULT_DIR)
+        self.unpack = unpack or UnpackLimits()
         for sub in ("objects", "names"):
             os.makedirs(os.path.join(self.path, sub), exist_ok=True)
 
@@ -87,7 +90,7 @@ class TemplateStore:
             raise TemplateError(f"template {name!r}: image {image!r} does not exist; give a `docker save` tar or an OCI layout")
         digest = _tree_digest(image) if os.path.isdir(image) else _file_digest(image)
         return self._build(name, "image:" + digest, f"image {os.path.abspath(image)}",
-                           lambda root: unpack_image(image, root))
+                           lambda root: unpack_image(image, root, self.unpack))
 
     def build_debian(self, name: str, packages: list[str], requirements: list[str] = (),
                      suite: str = DEBIAN_SUITE, mirror: str | None = None) -> Template:
