@@ -77,7 +77,7 @@ def _built_nothing(store: TemplateStore) -> bool:
 
 
 def test_a_sparse_entry_is_counted_as_written_not_as_its_header(store, tmp_path):
-    """Finding 12: 2.5 KB of image that unpacks to 17 MiB; the limit counts the bytes written."""
+    """Finding 12: a 10 KB image that unpacks to 17 MiB; the limit counts the bytes written."""
     layer = _tar({}, _sparse_entry("big", 17 << 20))
     image = _docker_save(str(tmp_path / "sparse.tar"), [layer])
     assert os.path.getsize(image) < 20_000
@@ -219,7 +219,7 @@ def test_a_tar_image_reads_only_regular_members(store, tmp_path):
 
 
 def test_an_oversized_manifest_is_refused_without_reading_it(store, tmp_path):
-    """A sparse manifest.json of 64 MiB (2.5 KB in the tar) was read whole into memory."""
+    """A sparse manifest.json of 64 MiB (2 KB in the tar) was read whole into memory."""
     path = str(tmp_path / "img.tar")
     with open(path, "wb") as f:
         f.write(_tar({}, _sparse_entry("manifest.json", 64 << 20)))
