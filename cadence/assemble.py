@@ -20,6 +20,7 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
 from cadence.observe.events import Timeline
+from cadence.models.lora import with_lora
 from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
 from cadence.rollout.producer import GroupProducer
@@ -110,8 +111,11 @@ def build_trainer(
     """The trainer starting from `cfg.model.path`, or from `weights` (a resumed run's); the KL
     reference is always the starting model."""
     policy = load_policy(cfg.model.path, cfg.model.dtype)
-    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 else None
-    if weights is not None:
+    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 and not lora else None
+    if weights is not None and not lora:
+    # LoRA: the KL reference is the base model inside the policy (adapters off), and a resumed
+    # run's adapters come back with its trainer state.
+    lora = cfg.model.lora.enabled
         policy.load_state_dict(weights)
     critics = None
     if cfg.runtime.critic_actor:
@@ -132,6 +136,8 @@ def build_trainer(
     return PolicyTrainer(
         policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, pad_id, reference,
         critics=critics, credit=credit, dp=dp,
+    if lora:  # after critics and credit have read the plain model
+        policy = with_lora(policy, cfg.model.lora, cfg.seed)
     )
 
 

@@ -180,6 +180,28 @@ def eval_(
 
 
 @app.command()
+def export(
+    source: Annotated[str, typer.Argument(help="A run folder (its latest checkpoint) or a checkpoint folder.")],
+    out: Annotated[str, typer.Argument(help="New folder for the Hugging Face weights and tokenizer.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
+) -> None:
+    """Write a checkpoint as plain Hugging Face weights (a LoRA run's adapter merged into its base)."""
+    from pathlib import Path
+
+    from cadence.models.export import export_merged
+    from cadence.models.loading import DTYPES
+
+    _quiet_library_bars()
+    if dtype not in DTYPES:
+        _fail(ConfigError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}"))
+    try:
+        folder = export_merged(Path(source), Path(out), dtype)
+    except ValueError as err:
+        _fail(err)
+    typer.echo(f"wrote {out} from {folder} (loads with AutoModelForCausalLM.from_pretrained)")
+
+
+@app.command()
 def algorithms() -> None:
     """List policy losses and advantage estimators, one line each."""
     from cadence.algo import advantages, losses, mismatch

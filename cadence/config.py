@@ -23,6 +23,7 @@ from cadence.agents.config import AgentConfig
 from cadence.algo.config import AlgorithmConfig
 from cadence.data.config import TaskConfig
 from cadence.envs.config import EnvConfig
+from cadence.models.config import LoraConfig
 from cadence.observe.config import LoggingConfig
 from cadence.rewards.config import RewardConfig
 from cadence.rollout.config import RolloutConfig
@@ -38,6 +39,7 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = Field("builtin", description="Local Hugging Face checkpoint folder, or 'builtin'.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (docs/lora.md).")
 
 
 class EvalConfig(Section):
@@ -80,6 +82,15 @@ class RunConfig(Section):
     def _agent_or_env(self) -> RunConfig:
         if self.agent is not None and self.env is not None:
             raise ValueError("agent and env are both set: an agent run brings its own environment; drop one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_in_one_process(self) -> RunConfig:
+        if self.model.lora.enabled and self.runtime.trainer_workers > 1:
+            raise ValueError(
+                "model.lora with runtime.trainer_workers > 1 (DDP/FSDP) is not supported yet; "
+                "train LoRA with runtime.trainer_workers=1, or drop model.lora for data parallelism"
+            )
         return self
 
     @model_validator(mode="before")

@@ -21,6 +21,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from cadence.models.lora import ADAPTER_CONFIG, adapter_base_path, is_adapter_folder, load_merged
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DIR = ASSETS / "arith-tiny"
 # model.path name -> (shipped folder, the sft command(s) that regenerate it)
@@ -54,6 +56,12 @@ def model_path_problem(path: str) -> str | None:
         return f"no built-in model {path!r}; the built-ins are {', '.join(BUILTINS)}"
     if not folder.exists():
         return f"no such folder {folder}; give a local Hugging Face checkpoint folder or 'builtin'"
+    if is_adapter_folder(folder):  # a LoRA run's checkpoint: loads merged into its base model
+        base = adapter_base_path(folder)
+        if (Path(base) / "config.json").exists():
+            return None
+        return (f"{folder} is a LoRA adapter of {base}, which is not a local checkpoint folder; "
+                f"set base_model_name_or_path in its {ADAPTER_CONFIG} to the base model's folder")
     if not (folder / "config.json").exists():
         return f"{folder} has no config.json; is it a Hugging Face checkpoint folder (save_pretrained)?"
     has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
@@ -72,9 +80,19 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def load_policy(path: str, dtype: str = "float32") -> PreTrainedModel:
-    """A causal LM in train mode, on CPU, in the requested dtype."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype])
+    """A causal LM in train mode, on CPU, in the requested dtype (a LoRA checkpoint: merged into its base)."""
+    folder = resolve_model_path(path)
+    if is_adapter_folder(folder):
+        return load_merged(folder, DTYPES[dtype]).train()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
     return model.train()
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (trainer.gradient_checkpointing). Non-reentrant checkpointing: gradients reach LoRA adapters
+    without the inputs requiring grad, and it is the mode torch recommends."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:

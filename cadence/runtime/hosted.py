@@ -64,6 +64,9 @@ class RemoteCritics:
     def num_parameters(self) -> int:
         return self.actor.call(CriticEnsemble.num_parameters)
 
+    def checkpoint_activations(self) -> None:
+        self.actor.call(CriticEnsemble.checkpoint_activations)
+
     def state_dict(self) -> dict:
         return self.actor.call(CriticEnsemble.state_dict)
 

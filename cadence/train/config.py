@@ -57,6 +57,11 @@ class TrainerConfig(BaseModel):
         "'auto' is cuda when this machine has a GPU, else cpu. Data-parallel ranks on cuda use NCCL "
         "(one GPU each), on cpu gloo. Weights leave the trainer on CPU either way."
     )
+    gradient_checkpointing: bool = Field(
+        False, description="Activation checkpointing for the policy and the critics: each decoder layer's "
+        "activations are recomputed in the backward pass instead of kept from the forward (less memory, "
+        "about one more forward of time; the same loss and gradients)."
+    )
     bf16_autocast: bool = Field(
         False, description="Run the policy's and the reference's forward passes under bfloat16 autocast "
         "(torch.autocast on trainer.device; meant for cuda). Weights, gradients, optimizer state and the "

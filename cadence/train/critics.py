@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from cadence.algo.asyppo import CriticConfig, critic_loss, explained_variance, partition_groups
 from cadence.models.critic import ValueModel, small_critic_config
+from cadence.models.loading import enable_activation_checkpointing
 from cadence.train.batch import TrainBatch
 from cadence.train.data_parallel import DataParallel, SingleProcess
 
@@ -50,6 +51,8 @@ class Critics(Protocol):
 
     def num_parameters(self) -> int: ...
 
+    def checkpoint_activations(self) -> None: ...
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -74,6 +77,12 @@ class CriticEnsemble:
 
     def num_parameters(self) -> int:
         return sum(c.num_parameters() for c in self.critics)
+
+    def checkpoint_activations(self) -> None:
+        """Recompute the critics' activations in their backward passes (trainer.gradient_checkpointing).
+        Critics train in full, never with LoRA: AsyPPO's are small and start from random weights."""
+        for critic in self.critics:
+            enable_activation_checkpointing(critic.backbone)
 
     def to(self, device: torch.device) -> CriticEnsemble:
         """Critics onto the trainer's device (before their optimizers hold any state)."""

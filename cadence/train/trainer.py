@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,7 +37,8 @@ from cadence.algo.kl import AdaptiveKLController, shape_token_rewards
 from cadence.algo.losses import PolicyLossInputs
 from cadence.algo.policy_loss import compute_policy_loss
 from cadence.algo.rhythm_shaping import credit_metrics, shape_advantages
-from cadence.models.loading import frozen_copy
+from cadence.models.loading import enable_activation_checkpointing, frozen_copy
+from cadence.models.lora import adapter_state, is_lora, load_adapter_state, merged_state_dict
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, bucketed_micro_batches, collate, flatten, micro_batches
 from cadence.train.checkpoint import load_sharded, save_sharded
@@ -111,9 +113,14 @@ class PolicyTrainer:
         self.pad_id = pad_id
         self.version = 0  # weights the policy has had: +1 per optimizer-changed step
         self.steps = 0  # rollout batches consumed (critic warm-up steps included)
+        # LoRA (model.lora): only the adapters train; the KL anchor is the base model with them
+        # switched off (`_base_only`), so no copy is made.
+        self.lora = is_lora(policy)
+        if trainer_cfg.gradient_checkpointing:
+            enable_activation_checkpointing(policy)
         # The KL anchor is the starting policy; pass it in when resuming from a later checkpoint.
         if algo_cfg.kl.coef > 0 and reference is None:
-            reference = frozen_copy(policy)
+            reference = policy if self.lora else frozen_copy(policy)
         self.reference = reference.to(self.device) if algo_cfg.kl.coef > 0 else None
         kl = algo_cfg.kl  # kl.target: the coefficient adapts after every step (Ziegler et al.)
         self.kl_control = AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.target is not None else None
@@ -121,6 +128,8 @@ class PolicyTrainer:
         # (its parameters become DTensors, so the optimizer is built after this).
         self.policy = self.dp.wrap(policy)
         self.critics = critics
+        if critics is not None and trainer_cfg.gradient_checkpointing:
+            critics.checkpoint_activations()
         if isinstance(critics, CriticEnsemble):  # remote critics and credit live on their actor's device
             critics.to(self.device)
             critics.dp = self.dp
@@ -247,12 +256,30 @@ class PolicyTrainer:
     def _sync_credit(self) -> None:
         """actor_attn follows the policy's weights (full ones: each rank's copy is whole)."""
         if self.credit is not None:
-            self.credit.sync_weights(self.dp.full_state_dict(self.policy, everywhere=True), self.version)
+            weights = merged_state_dict(self.model) if self.lora else self.dp.full_state_dict(self.policy, everywhere=True)
+            self.credit.sync_weights(weights, self.version)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's full weights for the engines, on CPU (data parallel: a collective; rank 0's
-        are whole, the other ranks get an empty dict)."""
+        are whole, the other ranks get an empty dict). LoRA: the adapters merged into the base
+        weights, under the plain model's names."""
+        if self.lora:
+            return to_cpu(merged_state_dict(self.model))
         return self.dp.full_state_dict(self.policy)
+
+    @contextlib.contextmanager
+    def _base_only(self) -> Iterator[None]:
+        """LoRA: the policy computes as its base model (adapters off, eval mode) inside; otherwise
+        nothing changes."""
+        if not self.lora:
+            yield
+            return
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                yield
+        finally:
+            self.model.train()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bfloat16 matmuls in the forward passes (trainer.bf16_autocast); logits are cast back to
@@ -307,7 +334,7 @@ class PolicyTrainer:
     def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         if self.reference is None:
             return None
-        with self._autocast():
+        with self._autocast(), self._base_only():
             return batched_logprobs(
                 self.reference, batch.input_ids, batch.attention_mask, self.temperature, self.cfg.micro_batch_size,
                 self.cfg.micro_batch_tokens,
@@ -412,6 +439,8 @@ class PolicyTrainer:
             state["optimizer"] = optimizer
         if self.critics is not None:
             state["critics"] = self.critics.state_dict()
+        if self.lora:  # the trained weights: the base ones never change
+            state["adapter"] = adapter_state(self.model)
         return to_cpu(state)
 
     def save_sharded(self, folder: Path) -> None:
@@ -424,6 +453,8 @@ class PolicyTrainer:
         self.steps = int(state.get("steps", self.version))  # older checkpoints: no warm-up steps
         if "optimizer" not in state:
             if folder is None:
+        if self.lora:
+            load_adapter_state(self.model, state["adapter"])
                 raise ValueError("this checkpoint's optimizer state is sharded: pass its folder")
             load_sharded(self.policy, self.optimizer, folder)
         else:
