@@ -110,12 +110,12 @@ def build_trainer(
 ) -> PolicyTrainer:
     """The trainer starting from `cfg.model.path`, or from `weights` (a resumed run's); the KL
     reference is always the starting model."""
-    policy = load_policy(cfg.model.path, cfg.model.dtype)
-    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 and not lora else None
-    if weights is not None and not lora:
     # LoRA: the KL reference is the base model inside the policy (adapters off), and a resumed
     # run's adapters come back with its trainer state.
     lora = cfg.model.lora.enabled
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    reference = frozen_copy(policy) if cfg.algorithm.kl.coef > 0 and not lora else None
+    if weights is not None and not lora:
         policy.load_state_dict(weights)
     critics = None
     if cfg.runtime.critic_actor:
@@ -133,11 +133,11 @@ def build_trainer(
         )
     elif cfg.algorithm.credit != "none":
         credit = AttentionCredit(policy, cfg.algorithm.credit, cfg.algorithm.rhythm, pad_id)
+    if lora:  # after critics and credit have read the plain model
+        policy = with_lora(policy, cfg.model.lora, cfg.seed)
     return PolicyTrainer(
         policy, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, pad_id, reference,
         critics=critics, credit=credit, dp=dp,
-    if lora:  # after critics and credit have read the plain model
-        policy = with_lora(policy, cfg.model.lora, cfg.seed)
     )
 
 

@@ -450,11 +450,11 @@ class PolicyTrainer:
         """`state` from `state_dict`; `folder` is the checkpoint, read when its optimizer state
         is sharded (a data-parallel run's). Any rank count resumes any other's checkpoint."""
         self.version = int(state["version"])
+        if self.lora:
+            load_adapter_state(self.model, state["adapter"])
         self.steps = int(state.get("steps", self.version))  # older checkpoints: no warm-up steps
         if "optimizer" not in state:
             if folder is None:
-        if self.lora:
-            load_adapter_state(self.model, state["adapter"])
                 raise ValueError("this checkpoint's optimizer state is sharded: pass its folder")
             load_sharded(self.policy, self.optimizer, folder)
         else:
