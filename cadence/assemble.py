@@ -19,8 +19,8 @@ from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import frozen_copy, load_policy, load_tokenizer
-from cadence.observe.events import Timeline
 from cadence.models.lora import with_lora
+from cadence.observe.events import Timeline
 from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
 from cadence.rollout.producer import GroupProducer
