@@ -19,7 +19,7 @@ SPLITS: tuple[Split, ...] = ("train", "test")
 
 # How a built-in reward pulls the answer out of a response, when RewardConfig
 # says "auto": each task names the convention its prompts ask for.
-Extract = Literal["none", "first_line", "answer_tag", "last_number"]
+Extract = Literal["none", "first_line", "answer_tag", "last_number", "boxed", "gsm8k"]
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cadence.data.config import task_kind
 from cadence.python_spec import PYTHON_PREFIX
 from cadence.rewards.config import RewardConfig
 from cadence.rewards.python_reward import PythonReward
@@ -28,6 +29,8 @@ def build_reward(cfg: RewardConfig, task: Task | None = None) -> RewardFn:
         name = task.default_reward  # type: ignore[union-attr]
     if extract == "auto":
         extract = task.default_extract  # type: ignore[union-attr]
+        if name == "math_verify" and task_kind(task.name) == "file":  # type: ignore[union-attr]
+            extract = "boxed"  # the convention of math data (verl's MATH, TRL's accuracy reward)
     if name == "exact_match":
         return ExactMatch(extract)
     if name == "math_verify":

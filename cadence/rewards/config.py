@@ -4,7 +4,8 @@ Reward names:
 
 * ``"auto"``: the task's default (arith and jsonl: exact_match; rg:*: reasoning_gym).
 * ``"exact_match"``: extracted answer == gold, after stripping whitespace.
-* ``"math_verify"``: math-verify equivalence (``1/2`` == ``0.5`` == ``\\frac{1}{2}``).
+* ``"math_verify"``: math-verify equivalence (``1/2`` == ``0.5`` == ``\\frac{1}{2}``); on a data
+  file (task.name=file) it compares the last ``\\boxed{...}`` unless `extract` says otherwise.
 * ``"reasoning_gym"``: the reasoning-gym dataset's own scorer (partial credit possible).
 * ``"unit_tests"``: the response's code against the task's tests (a list per row), run in a
   sandbox; settings under ``reward.unit_tests`` (cadence/rewards/unit_tests.py).
@@ -44,11 +45,13 @@ class RewardConfig(BaseModel):
     workers: int = Field(
         1, ge=1, description="Reward worker processes (parallel scoring, isolated from training)."
     )
-    extract: Literal["auto", "none", "first_line", "answer_tag", "last_number"] = Field(
+    extract: Literal["auto", "none", "first_line", "answer_tag", "last_number", "boxed", "gsm8k"] = Field(
         "auto",
         description="How built-in rewards take the answer from a response: 'none' (all of "
         "it), 'first_line' (first non-empty line), 'answer_tag' (last <answer>...</answer>, "
-        "else all of it), or 'auto' (the task's convention). python: rewards get the raw text.",
+        "else all of it), 'last_number' (of the first line), 'boxed' (last \\boxed{...}), "
+        "'gsm8k' (the number after the last ####), or 'auto' (the task's convention; "
+        "math_verify on a data file: boxed). python: rewards get the raw text.",
     )
     unit_tests: UnitTestsConfig = Field(
         default_factory=UnitTestsConfig, description="Settings of reward.name 'unit_tests'."

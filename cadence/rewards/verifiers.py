@@ -25,6 +25,35 @@ RewardFn = Callable[[Prompt, str], float]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_GSM8K_NUMBER = re.compile(r"\$?\s*(-?[\d,]*\.?\d+)")
+BOXED = "\\boxed"
+
+
+def last_boxed(response: str) -> str:
+    """The content of the last ``\\boxed{...}`` (braces nested to any depth), or "" if none closes."""
+    start = response.rfind(BOXED)
+    if start < 0:
+        return ""
+    rest = response[start + len(BOXED) :].lstrip()
+    if not rest.startswith("{"):
+        return ""
+    depth = 0
+    for i, char in enumerate(rest):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth == 0:
+            return rest[1:i].strip()
+    return ""
+
+
+def after_hashes(response: str) -> str:
+    """GSM8K's convention: the answer follows the last ``####``. A number there comes back
+    without ``$`` or thousands commas (``#### $1,234`` -> ``1234``); other text, as written
+    up to the end of its line; no ``####``: ""."""
+    if "####" not in response:
+        return ""
+    line = response.rsplit("####", 1)[1].strip().split("\n", 1)[0].strip()
+    number = _GSM8K_NUMBER.match(line)
+    return number.group(1).replace(",", "") if number else line
 
 
 def extract_answer(response: str, mode: Extract) -> str:
@@ -32,7 +61,9 @@ def extract_answer(response: str, mode: Extract) -> str:
 
     'answer_tag' takes the *last* tagged answer, so a response cannot list
     several guesses and have the first one checked. 'last_number' takes the last
-    number on the first line, so worked steps may precede the answer.
+    number on the first line, so worked steps may precede the answer. 'boxed' and
+    'gsm8k' (`last_boxed`, `after_hashes`) give "" when the response lacks the
+    marker: the format is part of the answer, as in verl's math and GSM8K scores.
     """
     if mode == "first_line":
         return next((line.strip() for line in response.splitlines() if line.strip()), "")
@@ -45,6 +76,10 @@ def extract_answer(response: str, mode: Extract) -> str:
         # GSM8K-style: worked steps may come first, the final number is the answer.
         numbers = _NUMBER.findall(extract_answer(response, "first_line"))
         return numbers[-1] if numbers else ""
+    if mode == "boxed":
+        return last_boxed(response)
+    if mode == "gsm8k":
+        return after_hashes(response)
     raise ValueError(f"unknown extract mode {mode!r}")
 
 
@@ -71,11 +106,17 @@ def _quiet_math_verify() -> None:
         logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(answer: str) -> list:
+def _parse_math(text: str) -> list:
+    """math-verify's parse; bare LaTeX (``\\frac{\\pi}{4}``, as verl's MATH answers and
+    boxed contents are written) is read again between ``$`` when plain parsing finds nothing."""
     from math_verify import parse
 
-    return parse(answer, parsing_timeout=None)
+    return parse(text, parsing_timeout=None) or parse(f"${text}$", parsing_timeout=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> list:
+    return _parse_math(answer)
 
 
 class MathVerify:
@@ -91,14 +132,16 @@ class MathVerify:
         self(Prompt("warm-up", "", "1/2"), "\\frac{1}{2}")  # ~0.7 s of imports, once
 
     def __call__(self, prompt: Prompt, response: str) -> float:
-        from math_verify import parse, verify
+        from math_verify import verify
 
         _quiet_math_verify()
         gold = _parse_gold(prompt.answer)
         if not gold:
             raise ValueError(f"math-verify cannot parse the gold answer {prompt.answer!r}")
-        predicted = parse(extract_answer(response, self.extract), parsing_timeout=None)
-        return float(verify(gold, predicted, timeout_seconds=None))
+        answer = extract_answer(response, self.extract)
+        if not answer:
+            return 0.0
+        return float(verify(gold, _parse_math(answer), timeout_seconds=None))
 
 
 # Several reasoning-gym scorers run the model's answer through eval() or sympy's

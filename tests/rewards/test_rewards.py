@@ -38,6 +38,53 @@ def test_extract_modes():
     assert extract_answer("", "first_line") == ""
 
 
+@pytest.mark.parametrize(
+    ("response", "boxed"),
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}} then \\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),  # the last
+        ("$\\boxed {x^{2} + \\{1, 2\\}}$", "x^{2} + \\{1, 2\\}"),  # nested; a space before {
+        ("\\boxed{ 7 }", "7"),
+        ("no box: 42", ""),
+        ("\\boxed{1} and \\boxed{2", ""),  # the last one never closes
+        ("\\boxed 5", ""),
+    ],
+)
+def test_extract_boxed(response, boxed):
+    assert extract_answer(response, "boxed") == boxed
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("3 + 4 = 7\n#### 7", "7"),
+        ("#### 1,234.5 dollars", "1234.5"),
+        ("#### $18.\nmore text", "18"),
+        ("#### -3", "-3"),
+        ("#### 5 #### 6", "6"),  # the last marker
+        ("#### seven\n", "seven"),
+        ("the answer is 7", ""),
+        ("####", ""),
+    ],
+)
+def test_extract_gsm8k(response, answer):
+    assert extract_answer(response, "gsm8k") == answer
+
+
+def test_math_verify_compares_boxed_and_bare_latex_golds(tmp_path):
+    reward = MathVerify("boxed")
+    assert reward(P("\\frac{\\pi}{4}"), "so it is \\boxed{\\frac{\\pi}{4}}") == 1.0  # verl MATH golds are bare LaTeX
+    assert reward(P("0.5"), "\\boxed{1} no wait \\boxed{\\dfrac{1}{2}}") == 1.0
+    assert reward(P("0.5"), "1/2 without a box") == 0.0
+    assert MathVerify("gsm8k")(P("1234"), "#### 1,234") == 1.0
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"prompt": "q{i}", "answer": "{i}"}}\n' for i in range(3)))
+    task = build_task(TaskConfig(name="file", train_file=str(data)))
+    assert build_reward(RewardConfig(name="math_verify"), task).extract == "boxed"
+    assert build_reward(RewardConfig(name="math_verify", extract="gsm8k"), task).extract == "gsm8k"
+    assert build_reward(RewardConfig(), task).extract == "answer_tag"  # exact_match keeps the tags
+
+
 def test_exact_match_modes():
     assert ExactMatch("none")(P("82"), " 82\n") == 1.0
     assert ExactMatch("none")(P("82"), "82\n37+1=38") == 0.0
