@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -81,7 +82,6 @@ def test_messages_files_take_the_last_assistant_reply_as_the_answer(tmp_path):
 
 
 def test_csv_cells_stay_text_and_datasets_folders_and_json_arrays_read(tmp_path):
-    datasets = pytest.importorskip("datasets")
     csv = tmp_path / "train.csv"
     csv.write_text('question,answer\n"a, b",007\n"multi\nline",3\n')
     t = task(tmp_path, train_file=str(csv), prompt_field="question", test_fraction=0.5)
