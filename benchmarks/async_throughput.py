@@ -53,6 +53,7 @@ from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.report import write_doc_table
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.prompts import PromptStream
+from cadence.rollout.render import PromptRenderer
 from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
@@ -140,7 +141,7 @@ def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, s
     sim = cfg.rollout.simulate_lengths
     hub = InferenceHub([engine])
     producer = RLVRProducer(
-        hub, tok, PromptStream(task.prompts("train", 64, seed), seed), _NoReward(),
+        hub, PromptRenderer(tok), PromptStream(task.prompts("train", 64, seed), seed), _NoReward(),
         SamplingParams(max_new_tokens=sim.max_tokens, temperature=1.0), cfg.rollout.group_size,
         length_sampler=lambda: max(1, min(sim.max_tokens, round(rng.lognormvariate(math.log(sim.median_tokens), sim.sigma)))),
         replicate=replicate, slots=slots,

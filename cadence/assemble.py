@@ -25,6 +25,7 @@ from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
 from cadence.rollout.producer import GroupProducer
 from cadence.rollout.prompts import PromptStream
+from cadence.rollout.render import PromptRenderer
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.worker import RolloutWorker, worker_quotas
 from cadence.runtime.hosted import RemoteCredit, RemoteCritics
@@ -157,8 +158,11 @@ def _replicated(cfg: RunConfig) -> bool:
 def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int, spread: bool) -> RLVRProducer:
     ro = cfg.rollout
     task = build_task(cfg.task)
+    render = PromptRenderer.for_task(cfg.task, tokenizer, cfg.model.path)
     stop = ro.stop if ro.stop is not None else list(task.stop)
-    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop)
+    ends = render.stop_token_ids()  # a chat template's end-of-turn token
+    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop,
+                            stop_token_ids=ends)
     stride = 1 if spread else workers  # without replication, worker i takes every stride-th prompt
 
     def draw(n: int) -> list:
@@ -166,14 +170,15 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
 
     guard = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
     return RLVRProducer(
-        hub, tokenizer, PromptStream(draw, cfg.seed if spread else cfg.seed + index, PROMPT_BLOCK), GuardScorer(guard),
+        hub, render, PromptStream(draw, cfg.seed if spread else cfg.seed + index, PROMPT_BLOCK), GuardScorer(guard),
         params,
         answers=len(range(index, ro.group_size, workers)) if spread else ro.group_size,
         replicate=ro.replicate_prompts, slots=ro.engine.max_batch_size,
         length_sampler=_length_sampler(cfg, index),
         keep=lambda group: keeps(group, ro.filter_min_std, ro.filter_mean_low, ro.filter_mean_high),
         eval_prompts=lambda: task.prompts("test", cfg.task.test_size, cfg.seed),
-        eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
+        eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop,
+                                   stop_token_ids=ends),
     )
 
 

@@ -203,6 +203,14 @@ def check_paths(cfg: RunConfig) -> None:
             turn_format(cfg.env, load_tokenizer(cfg.model.path))
         except ValueError as err:
             raise ConfigError(f"invalid config:\n  {err}") from None
+    if cfg.task.chat_template == "on" and cfg.env is None and cfg.agent is None:  # the tokenizer only: cheap
+        from cadence.models.loading import load_tokenizer
+        from cadence.rollout.render import PromptRenderer
+
+        try:
+            PromptRenderer.for_task(cfg.task, load_tokenizer(cfg.model.path), cfg.model.path)
+        except ValueError as err:
+            raise ConfigError(f"invalid config:\n  {err}") from None
     check_data(cfg.task)
     check_packages(cfg)
     check_fsdp_layers(cfg)

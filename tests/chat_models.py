@@ -72,3 +72,11 @@ def chat_model(style: str, tok: PreTrainedTokenizerFast, eot_bias: float | None 
             head.bias[tok.convert_tokens_to_ids(tok.eos_token)] = eot_bias
         model.lm_head = head
     return model.eval()
+
+
+def save_chat_model(folder: str, style: str = "qwen2") -> str:
+    """A tiny chat model and its tokenizer (with the style's template) saved to `folder`."""
+    tok = chat_tokenizer(style)
+    chat_model(style, tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)

@@ -17,7 +17,7 @@ from cadence.rollout.sample import Group, Sample
 from cadence.rollout.turns import ChatTurns
 from cadence.train.batch import collate
 from cadence.train.trainer import PolicyTrainer
-from tests.chat_models import chat_model, chat_tokenizer
+from tests.chat_models import save_chat_model
 from tests.test_agentic_train import QUICK_AGENT
 
 
@@ -59,11 +59,7 @@ def test_per_turn_advantages_train_on_episodes(overrides, tmp_path):
 
 @pytest.fixture(scope="module")
 def qwen2_chat_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("qwen2_chat")
-    tok = chat_tokenizer("qwen2")
-    chat_model("qwen2", tok).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return save_chat_model(tmp_path_factory.mktemp("qwen2_chat"))
 
 
 def test_a_chat_model_plays_in_chat_turns_and_trains(qwen2_chat_dir, tmp_path):

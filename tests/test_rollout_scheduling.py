@@ -19,6 +19,7 @@ from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
 from cadence.rollout.prompts import PromptStream
+from cadence.rollout.render import PromptRenderer
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
@@ -53,7 +54,7 @@ def _producer(replicate: bool, slots: int = 8, group_size: int = 4, answers: int
     engine = MockEngine(max_batch_size=slots, seed=0, median_tokens=6, sigma=1.0, max_tokens=40, virtual_clock=True)
     prompts = PromptStream([Prompt(id=f"p{i}", text=f"{i}+1=", answer=str(i + 1)) for i in range(20)], seed=0)
     return RLVRProducer(
-        _CountingHub([engine]), load_tokenizer("builtin"), prompts, _ConstantReward(), SamplingParams(max_new_tokens=40),
+        _CountingHub([engine]), PromptRenderer(load_tokenizer("builtin")), prompts, _ConstantReward(), SamplingParams(max_new_tokens=40),
         answers or group_size, replicate=replicate, slots=slots,
     )
 

@@ -1,10 +1,10 @@
 """When a response ends, and the text it turns into (EmbeddedEngine's tokenizer side).
 
-A response ends at an EOS token (unless ignore_eos), once its decoded tail
+A response ends at an EOS token (unless ignore_eos) or a stop token, once its decoded tail
 holds a stop string, at max_new_tokens, or at the model's last position. Its
 result keeps every token (the EOS and the token completing a stop string
 were sampled: their log-probs belong to the sample); its text drops the EOS
-and is cut before the stop string.
+(or stop token) and is cut before the stop string.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def finish_reason(
 ) -> FinishReason | None:
     """Why `seq` ends after its last token, or None while it goes on."""
     params, tok = seq.req.params, seq.tokens[-1]
-    if tok in eos_ids and not params.ignore_eos:
+    if ends_turn(tok, params, eos_ids):
         return "stop"
     if params.stop:
         tail = tokenizer.decode(seq.tokens[-window:], skip_special_tokens=True)
@@ -47,10 +47,15 @@ def response_text(
     """The decoded response, without special tokens, a final EOS or what follows a stop string."""
     tokens = seq.tokens
     params = seq.req.params
-    if reason == "stop" and tokens and tokens[-1] in eos_ids and not params.ignore_eos:
+    if reason == "stop" and tokens and ends_turn(tokens[-1], params, eos_ids):
         tokens = tokens[:-1]
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     return cut_at_stop(text, params.stop) if reason == "stop" else text
+
+
+def ends_turn(token: int, params: SamplingParams, eos_ids: frozenset[int]) -> bool:
+    """An EOS token (unless ignore_eos) or one of the request's stop tokens (an end of turn)."""
+    return (token in eos_ids and not params.ignore_eos) or token in params.stop_token_ids
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

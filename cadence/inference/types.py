@@ -20,7 +20,8 @@ class SamplingParams:
 
     temperature 0 means greedy. top_p < 1 samples from the smallest set of
     tokens whose probability reaches top_p. A response ends at EOS (unless
-    ignore_eos), when its decoded text contains one of `stop`, or after
+    ignore_eos) or one of `stop_token_ids` (a chat template's end-of-turn
+    token), when its decoded text contains one of `stop`, or after
     max_new_tokens tokens.
     """
 
@@ -29,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

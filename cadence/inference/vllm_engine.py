@@ -333,6 +333,7 @@ class VLLMEngine:
             top_p=p.top_p if sampled else 1.0,
             stop=list(p.stop) or None,
             ignore_eos=p.ignore_eos,
+            stop_token_ids=list(p.stop_token_ids) or None,
             logprobs=0,
             seed=self._seeds.getrandbits(31) if sampled else None,
             skip_special_tokens=True,

@@ -16,6 +16,7 @@ from cadence.observe.reward_errors import RewardFunctionError, describe_failure,
 from cadence.rewards.build import build_reward
 from cadence.rewards.guard import RewardGuard
 from cadence.rollout.evaluate import EvalResult, evaluate
+from cadence.rollout.render import PromptRenderer
 from cadence.runtime.threads import configure_threads
 
 
@@ -24,13 +25,15 @@ def run_eval(cfg: RunConfig) -> EvalResult:
         return _eval_episodes(cfg)
     configure_threads(cfg.runtime.threads)
     tokenizer = load_tokenizer(cfg.model.path)
+    render = PromptRenderer.for_task(cfg.task, tokenizer, cfg.model.path)  # before the weights load
     engine = build_engine(cfg.rollout.engine, frozen_copy(load_policy(cfg.model.path)), tokenizer)
     task = build_task(cfg.task)
     reward = RewardGuard(build_reward(cfg.reward, task), cfg.reward.timeout_s, cfg.reward.workers)
     stop = cfg.rollout.stop if cfg.rollout.stop is not None else list(task.stop)
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature, stop=stop,
+                            stop_token_ids=render.stop_token_ids())
     try:
-        result = evaluate(InferenceHub([engine]), tokenizer, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
+        result = evaluate(InferenceHub([engine]), render, task.prompts("test", cfg.task.test_size, cfg.seed), reward, params, cfg.eval.samples)
         stats = reward.stats()
     finally:
         reward.close()

@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
-
 from cadence.data.tasks import Prompt
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.rewards.guard import RewardGuard
+from cadence.rollout.render import PromptRenderer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,7 +41,7 @@ class EvalResult:
 
 def evaluate(
     hub: InferenceHub,
-    tokenizer: PreTrainedTokenizerBase,
+    render: PromptRenderer,
     prompts: list[Prompt],
     reward: RewardGuard,
     params: SamplingParams,
@@ -50,7 +49,7 @@ def evaluate(
     threshold: float = 1.0,
 ) -> EvalResult:
     requests = [
-        GenRequest(request_id=f"eval/{i}/{j}", prompt_ids=tokenizer(p.text).input_ids, params=params)
+        GenRequest(request_id=f"eval/{i}/{j}", prompt_ids=render.ids(p), params=params)
         for i, p in enumerate(prompts)
         for j in range(samples)
     ]

@@ -24,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from transformers import PreTrainedTokenizerBase
-
 from cadence.data.tasks import Prompt
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
 from cadence.rollout.evaluate import EvalResult, pass_at_k
 from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.prompts import PromptStream
+from cadence.rollout.render import PromptRenderer
 from cadence.rollout.sample import Group, Sample
 
 
@@ -163,7 +162,7 @@ class RLVRProducer:
     def __init__(
         self,
         hub: InferenceHub,
-        tokenizer: PreTrainedTokenizerBase,
+        render: PromptRenderer,
         stream: PromptStream,
         scorer: Scorer,
         params: SamplingParams,
@@ -177,7 +176,7 @@ class RLVRProducer:
         eval_params: SamplingParams | None = None,
     ) -> None:
         self.hub = hub
-        self.tokenizer = tokenizer
+        self.render = render  # prompt -> the ids the engine sees (chat template or raw text)
         self.stream = stream
         self.scorer = scorer
         self.params = params
@@ -188,7 +187,6 @@ class RLVRProducer:
         self.eval_prompts = eval_prompts
         self.eval_params = eval_params or params
         self.stats = RolloutStats()
-        self._encoded: dict[str, list[int]] = {}
         self._drawn: dict[int, Prompt] = {}  # key (stream position) -> prompt, until played
 
     def next_key(self) -> int:
@@ -198,7 +196,7 @@ class RLVRProducer:
 
     async def play(self, key: int, group_id: int) -> Group | None:
         prompt = self._drawn.pop(key)
-        ids = self._encode(prompt.text)
+        ids = self.render.ids(prompt)
         group = Group(group_id=group_id, prompt_id=prompt.id)
         if self.slots is not None:
             await self.slots.take(self.answers)
@@ -230,7 +228,7 @@ class RLVRProducer:
         prompts = self.eval_prompts()
 
         async def correct(i: int, prompt: Prompt) -> list[float]:
-            ids = self._encode(prompt.text)
+            ids = self.render.ids(prompt)
             results = await asyncio.gather(*(
                 self.hub.generate(GenRequest(f"eval/{i}/{j}", ids, self.eval_params)) for j in range(samples)
             ))
@@ -270,17 +268,11 @@ class RLVRProducer:
             close()
 
     # -- internals ----------------------------------------------------------------
-    def _encode(self, text: str) -> list[int]:
-        ids = self._encoded.get(text)
-        if ids is None:
-            ids = self._encoded[text] = self.tokenizer(text).input_ids
-        return ids
-
     def _params(self) -> SamplingParams:
         if self.length_sampler is None:
             return self.params
         # Simulation mode: a forced length, no stop strings, no EOS.
-        return replace(self.params, max_new_tokens=self.length_sampler(), stop=[], ignore_eos=True)
+        return replace(self.params, max_new_tokens=self.length_sampler(), stop=[], ignore_eos=True, stop_token_ids=[])
 
     def _sample(self, group: Group, r: GenResult, outcome: Outcome) -> Sample:
         self.stats.samples += 1

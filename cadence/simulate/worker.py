@@ -19,6 +19,7 @@ from cadence.inference.types import SamplingParams
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.prompts import PromptStream
+from cadence.rollout.render import PromptRenderer
 from cadence.rollout.rlvr import RLVRProducer
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
@@ -63,7 +64,7 @@ def rlvr_worker(index: int, engines: list[MockEngine], quota: int, group_size: i
     lengths, coin-flip rewards."""
     hub = VirtualTimeHub(engines)
     producer = RLVRProducer(
-        hub, LengthTokenizer(prompt_ticks), PromptStream(blank_prompts(max(1, quota)), seed), CoinScorer(seed),
+        hub, PromptRenderer(LengthTokenizer(prompt_ticks)), PromptStream(blank_prompts(max(1, quota)), seed), CoinScorer(seed),
         SamplingParams(max_new_tokens=max_ticks), group_size, replicate=replicate,
         slots=sum(e.max_batch_size for e in engines),
     )
