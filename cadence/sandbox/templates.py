@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -44,6 +45,10 @@ DEBIAN_SUITE = "bookworm"
 # The agent's bytecode magic, site folders and python version, printed by the template's python3.
 PROBE = ("import importlib.util,json,site,sys;print(json.dumps([importlib.util.MAGIC_NUMBER.hex(),"
          "[p for p in site.getsitepackages()],sys.version.split()[0]]))")
+# The probe runs the image's own python3 (untrusted code) on the host: what it may take.
+PROBE_TIMEOUT_S = 60
+PROBE_OUTPUT = 1 << 20  # bytes of stdout, of stderr, of any file it writes (RLIMIT_FSIZE); its answer is a line
+PROBE_MEMORY = 1 << 30  # address space per process (RLIMIT_AS)
 
 
 class TemplateError(SandboxError):
@@ -225,14 +230,44 @@ def _probe_python(root: str, name: str) -> dict:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise TemplateError("building a template with its own system needs bubblewrap: apt-get install bubblewrap")
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", "--ro-bind", root, "/",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/" + python, "-I", "-c", PROBE]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise TemplateError(f"template {name!r}: its /{python} does not run ({out.stderr.strip()[-300:]}); "
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", "--ro-bind", root, "/", "--proc", "/proc",
+            "--dev", "/dev", "--size", str(PROBE_OUTPUT), "--tmpfs", "/tmp", "/" + python, "-I", "-c", PROBE]
+    # Its output goes to files, not pipes: RLIMIT_FSIZE stops a flood at PROBE_OUTPUT (a pipe read
+    # into host memory has no bound but the timeout).
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            code = subprocess.run(argv, stdout=out, stderr=err, timeout=PROBE_TIMEOUT_S, preexec_fn=_probe_limits).returncode
+        except subprocess.TimeoutExpired as e:
+            raise TemplateError(f"template {name!r}: its /{python} did not answer in {PROBE_TIMEOUT_S} s; a "
+                                "template's python3 runs the sandbox's agent") from e
+        if max(os.fstat(out.fileno()).st_size, os.fstat(err.fileno()).st_size) >= PROBE_OUTPUT:
+            raise TemplateError(f"template {name!r}: its /{python} printed {PROBE_OUTPUT >> 20} MiB or more when "
+                                "asked its version; refused (a template's python3 runs the sandbox's agent)")
+        stdout, stderr = (_read_all(f) for f in (out, err))
+    if code != 0:
+        raise TemplateError(f"template {name!r}: its /{python} does not run ({' | '.join(stderr.strip()[-300:].splitlines())}); "
                             "a template's python3 runs the sandbox's agent")
-    magic, sites, version = json.loads(out.stdout)
+    try:
+        magic, sites, version = json.loads(stdout)
+        if not (isinstance(magic, str) and isinstance(version, str) and isinstance(sites, list)
+                and all(isinstance(d, str) and d.startswith("/") for d in sites)):
+            raise ValueError("not [magic, [site folders], version]")
+    except (ValueError, TypeError, RecursionError) as e:
+        raise TemplateError(f"template {name!r}: its /{python} answered {stdout[:100]!r} when asked its version "
+                            f"({e}); is it CPython 3?") from e
     return {"python": "/" + python, "magic": magic, "site_dirs": sites, "python_version": version}
+
+
+def _probe_limits() -> None:
+    """Run in the probe's child before bwrap starts (inherited by the template's python3)."""
+    for what, value in ((resource.RLIMIT_FSIZE, PROBE_OUTPUT), (resource.RLIMIT_AS, PROBE_MEMORY),
+                        (resource.RLIMIT_CPU, PROBE_TIMEOUT_S), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(what, (value, value))
+
+
+def _read_all(f) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
 
 
 def _mmdebstrap(root: str, suite: str, packages: list[str], requirements: list[str], mirror: str | None) -> None:

@@ -9,6 +9,8 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
 import tarfile
 import threading
 
@@ -18,6 +20,7 @@ from typer.testing import CliRunner
 from cadence.sandbox.cli import app
 from cadence.sandbox.template_layers import UnpackLimits
 from cadence.sandbox.templates import TemplateError, TemplateStore
+from tests.sandbox.conftest import needs_bwrap
 from tests.sandbox.test_templates import _docker_save, _layer, _oci_layout
 
 SECRET = "host secret, mode 0600"
@@ -241,3 +244,32 @@ def test_a_malformed_index_is_a_one_line_error(store, tmp_path, index, why):
     with pytest.raises(TemplateError, match=why) as e:
         store.build_from_image("bad", folder)
     assert "\n" not in str(e.value)
+
+
+def _own_system(folder, script: str, tools: tuple[str, ...] = ()) -> str:
+    """A template folder whose python3 is a shell script, with the host's sh and `tools` (and the
+    libraries they load) copied in."""
+    for tool in ("/bin/sh", *tools):
+        ldd = subprocess.run(["ldd", tool], capture_output=True, text=True).stdout
+        for path in [tool, *(w for w in ldd.split() if w.startswith("/"))]:
+            (folder / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, folder / path.lstrip("/"))
+    (folder / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+    (folder / "usr" / "bin" / "python3").write_text("#!/bin/sh\n" + script)
+    (folder / "usr" / "bin" / "python3").chmod(0o755)
+    for mount_point in ("proc", "dev", "tmp"):
+        (folder / mount_point).mkdir()
+    return str(folder)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("script, why", [
+    ("exec /usr/bin/yes\n", "printed 1 MiB or more when asked its version"),  # read whole into host memory before
+    ("echo not json\n", "answered 'not json"),  # a JSONDecodeError traceback before
+])
+def test_a_templates_python_is_asked_its_version_within_bounds(store, tmp_path, script, why):
+    """The build runs the image's own python3 on the host (in bwrap) to learn its version: its
+    output is bounded (it went to a pipe read into memory until the 60 s timeout) and checked."""
+    with pytest.raises(TemplateError, match=why):
+        store.build_from_dir("own", _own_system(tmp_path / "root", script, ("/usr/bin/yes",)))
+    assert _built_nothing(store)
