@@ -218,7 +218,7 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
     (it starts on the hub's loop with the first run; cadence/agents/producer.py)."""
     from cadence.agents.config import resolve_agent
     from cadence.agents.endpoint import AgentEndpoint
-    from cadence.agents.producer import AgentErrorReport, AgentProducer
+    from cadence.agents.producer import AgentErrorReport, AgentProducer, sandbox_and_grading
 
     ro, agent = cfg.rollout, cfg.agent
     assert agent is not None
@@ -230,7 +230,7 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
     return AgentProducer(
         endpoint, resolve_agent(agent.name), tasks, ro.group_size, eval_tasks, kwargs=agent.kwargs,
         timeout_s=agent.timeout_s, max_retries=agent.max_retries,
-        errors=AgentErrorReport(agent.name, cfg.run_dir() / "env_errors.log"),
+        errors=AgentErrorReport(agent.name, cfg.run_dir() / "env_errors.log"), **sandbox_and_grading(agent),
     )
 
 

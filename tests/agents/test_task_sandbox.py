@@ -1,0 +1,191 @@
+"""agent.sandbox: each run gets a sandbox with the task's workspace (a copy of the group's prepared
+state), through a Python handle and over HTTP with a token scoped to it, and no sandbox outlives
+its run, whether the run returns, raises, times out or is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from cadence.agents import AgentEndpoint
+from cadence.agents.config import GraderConfig, TaskSandboxConfig
+from cadence.agents.grader import Grader
+from cadence.agents.producer import AgentProducer
+from cadence.agents.task_sandbox import TaskSandboxes
+from cadence.inference.hub import InferenceHub
+from cadence.sandbox.pool import UnknownSandbox
+from tests.agents.repo_task import FIX_COMMAND, FIXED, make_repo, needs_sandbox, task_row
+from tests.agents.scripted import ScriptedEngine, tool_tokenizer
+
+pytestmark = needs_sandbox
+
+BASH = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repository.",
+                                          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+
+
+def bash_reply(prompt: str) -> str:
+    """A model that fixes the bug with one bash call, then says it is done."""
+    if "<tool_response>" in prompt:
+        return "done"
+    return '<tool_call>\n{"name": "bash", "arguments": ' + json.dumps({"command": FIX_COMMAND}) + "}\n</tool_call>"
+
+
+async def bash_agent(client, task) -> float:
+    """An openai-SDK agent whose bash tool runs in its task sandbox (the handle in task["sandbox"])."""
+    assert "tests" not in task and "test_setup" not in task  # the hidden tests are the grader's
+    messages = [{"role": "user", "content": task["prompt"]}]
+    reply = await client.chat.completions.create(model="cadence", messages=messages, tools=BASH)
+    message = reply.choices[0].message
+    messages.append(message.model_dump(exclude_none=True))
+    for call in message.tool_calls or []:
+        done = await task["sandbox"].aexec(json.loads(call.function.arguments)["command"])
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": done.stdout + done.stderr})
+    await client.chat.completions.create(model="cadence", messages=messages, tools=BASH)
+    return 0.0  # the agent's own number: logged, the grader's counts
+
+
+def producer_for(agent, rows, sandboxes, **options) -> tuple[AgentProducer, InferenceHub]:
+    tok = tool_tokenizer("qwen2")
+    hub = InferenceHub([ScriptedEngine(tok, bash_reply)])
+    return AgentProducer(AgentEndpoint(hub, tok), agent, rows, 2, eval_tasks=rows, sandboxes=sandboxes,
+                         **options), hub
+
+
+def test_a_group_starts_from_one_prepared_workspace_and_each_run_has_its_own(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    (tmp_path / "host.txt").write_text("from the host")
+    row = task_row(repo, files={"notes/todo.txt": "fix add"})
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, setup="echo prepared > setup.txt"))
+        try:
+            group = await sandboxes.open_group(row)
+            async with group.run() as one, group.run() as two:
+                task = one.task(row, hidden=("tests", "test_setup"))
+                assert task["sandbox"] is one and task["sandbox_url"].endswith(one.id) and "tests" not in task
+                one.write_file("mine.txt", "one's")  # sync ...
+                await one.aupload(str(tmp_path / "host.txt"), "up.txt")  # ... and async
+                await one.adownload("calc.py", str(tmp_path / "calc_copy.py"))
+                seen = (await one.aexec("cat setup.txt notes/todo.txt up.txt; ls")).stdout
+                others = two.exec("ls").stdout
+                session = [two.exec("cd notes && export X=1", session=True), two.exec("pwd; echo $X", session=True)]
+                ids = {one.id, two.id}
+                assert sandboxes.leased == {group.base, *ids}
+            assert sandboxes.leased == {group.base}  # both released at the end of the block
+            for sandbox_id in ids:
+                with pytest.raises(UnknownSandbox):
+                    group.pool.get(sandbox_id)
+            await group.close()
+            return seen, others, session, sandboxes.leased.copy(), dict(sandboxes.counts)
+        finally:
+            await sandboxes.close()
+
+    seen, others, session, leased, counts = asyncio.run(main())
+    assert seen.startswith("prepared\nfix addfrom the host") and "mine.txt" in seen and "calc.py" in seen
+    assert "mine.txt" not in others and "setup.txt" in others and "tests" in others
+    assert session[1].stdout == "/workspace/notes\n1\n"
+    assert (tmp_path / "calc_copy.py").read_text().startswith("def add")
+    assert leased == set() and counts == {"acquired": 3, "released": 3}
+
+
+def test_the_http_token_reaches_its_own_sandbox_only_and_dies_with_the_run(tmp_path):
+    row = task_row(make_repo(tmp_path / "repo"))
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1))
+        try:
+            group = await sandboxes.open_group(row)
+            async with group.run() as one, group.run() as two, httpx.AsyncClient() as http:
+                auth = {"Authorization": f"Bearer {one.token}"}
+                base = one.url.rsplit("/", 1)[0]
+                calls = {
+                    "exec": await http.post(f"{one.url}/exec", headers=auth, json={"cmd": FIX_COMMAND}),
+                    "write": await http.post(f"{one.url}/files", headers=auth, json={"path": "new.py", "content": "x"}),
+                    "read": await http.get(f"{one.url}/files", headers=auth, params={"path": "calc.py"}),
+                    "info": await http.get(one.url, headers=auth),
+                    "other's exec": await http.post(f"{two.url}/exec", headers=auth, json={"cmd": "ls"}),
+                    "create": await http.post(f"{base}", headers=auth, json={}),
+                    "list": await http.get(f"{base}", headers=auth),
+                    "stop": await http.delete(one.url, headers=auth),
+                    "clients": await http.get(f"{base.rsplit('/', 2)[0]}/v1/clients", headers=auth),
+                }
+                url = one.url
+            after = await httpx.AsyncClient().post(f"{url}/exec", headers=auth, json={"cmd": "ls"})
+            await group.close()
+            return {k: (r.status_code, r.json()) for k, r in calls.items()}, after.status_code
+        finally:
+            await sandboxes.close()
+
+    calls, after = asyncio.run(main())
+    assert calls["exec"][0] == 200 and calls["exec"][1]["exit_code"] == 0
+    assert calls["write"][0] == 200 and calls["info"][0] == 200
+    import base64
+    assert base64.b64decode(calls["read"][1]["content"]).decode() == FIXED
+    for name in ("other's exec", "create", "list", "stop", "clients"):
+        assert calls[name][0] == 403 and "one sandbox only" in calls[name][1]["detail"], name
+    assert after == 401  # revoked when the run ended
+
+
+def test_no_sandbox_outlives_a_run_that_returns_raises_times_out_or_is_cancelled(tmp_path):
+    row = task_row(make_repo(tmp_path / "repo"))
+    entered = []
+
+    async def agent(client, task):
+        entered.append(task["sandbox"].id)
+        nth = len(entered)
+        await client.chat.completions.create(model="cadence", messages=[{"role": "user", "content": "hi"}])
+        if nth == 1:
+            return 1.0
+        if nth == 2:
+            raise ValueError("the agent's own bug")
+        await asyncio.sleep(3600)  # past agent.timeout_s, or until cancelled
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, http=False))
+        producer, hub = producer_for(agent, [row], sandboxes, timeout_s=5.0, max_retries=0)
+
+        async def three_groups():
+            await producer.play(producer.next_key(), 0)  # run 1 returns, run 2 raises
+            await producer.play(producer.next_key(), 1)  # runs 3 and 4 time out
+            assert sandboxes.leased == set() and len(entered) == 4
+            producer.timeout_s = 3600
+            group = asyncio.ensure_future(producer.play(producer.next_key(), 2))  # runs 5 and 6 hang ...
+            while len(entered) < 6 or len(sandboxes.leased) < 3:
+                await asyncio.sleep(0.05)
+            producer.on_weights(1, cancel_before=1)  # ... until cancelled with their weights
+            await group
+            return producer.counts.copy(), sandboxes.leased.copy(), dict(sandboxes.counts)
+
+        try:
+            return await hub.serving(three_groups())
+        finally:
+            await producer.cancel()
+
+    counts, leased, acquired = asyncio.run(main())
+    assert counts["runs_lost"] == 3 and counts["runs_cancelled"] == 2 and counts["runs_played"] == 4
+    assert leased == set() and acquired["acquired"] == acquired["released"] == 3 + 6  # 3 groups, 6 runs
+
+
+def test_a_bash_tool_through_the_handle_is_graded_by_the_hidden_tests(tmp_path):
+    fixed, buggy = task_row(make_repo(tmp_path / "repo")), task_row(make_repo(tmp_path / "other"))
+    buggy["test_setup"] = "from calc import add as plus\nadd = lambda a, b: plus(a, b) * 2 + 1"  # no fix passes
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=2, http=False))
+        producer, hub = producer_for(bash_agent, [fixed, buggy], sandboxes, grader=Grader(GraderConfig()))
+
+        async def two_groups():
+            return [await producer.play(producer.next_key(), gid) for gid in range(2)], producer.metrics()
+
+        try:
+            return await hub.serving(two_groups())
+        finally:
+            await producer.cancel()
+
+    (solved, unsolvable), metrics = asyncio.run(main())
+    assert [s.reward for s in solved.samples] == [1.0, 1.0] and [s.reward for s in unsolvable.samples] == [0.0, 0.0]
+    assert metrics["agent/grader_graded_total"] == 4 and metrics["agent/returned_reward_mean"] == 0.0
+    assert metrics["agent/sandboxes_acquired_total"] == metrics["agent/sandboxes_released_total"] == 2 + 4 + 4
