@@ -4,14 +4,14 @@
 `task.test_file`: formats, globs and how rows are held are in cadence/data/sources.py, the
 row layouts (verl, TRL, chat messages) and field paths in cadence/data/fields.py.
 
-Loading is one validating pass over every row: a bad row fails the load with its file, row
-and field, because a silently skipped row is a silently different dataset. The pass keeps
-8 bytes a row, a seeded 64-bit hash of the prompt text; a row's content is read again
-only when it is drawn.
+Loading is one validating pass over every row (cadence/data/text_keys.py): a bad row fails
+the load with its file, row and field, because a silently skipped row is a silently
+different dataset. The pass keeps 8 bytes a row, a seeded 64-bit key of the prompt text; a
+row's content is read again only when it is drawn.
 
 Split: with a test file, train drops any row whose prompt text is also in test (the test
 file is the benchmark, so it is kept whole). Without one, a fraction of the *distinct*
-prompt texts is held out: those with the smallest hashes, so the split is deterministic,
+prompt texts is held out: those with the smallest keys, so the split is deterministic,
 independent of row order, and never splits a text across train and test.
 """
 
@@ -29,11 +29,9 @@ from cadence.data.config import TaskConfig
 from cadence.data.fields import DataFileError, Layout, read_prompt, resolve_layout
 from cadence.data.sources import RowFile, find_files, open_file
 from cadence.data.tasks import Extract, Prompt, Split, check_split, stable_hash
+from cadence.data.text_keys import file_keys
 
 log = logging.getLogger(__name__)
-
-HOLDOUT = "jsonl-holdout"  # the hash's salt: held-out sets stay those of the older jsonl task
-
 
 class RowSet:
     """The rows of several files under one 0-based index, each file read in its own layout."""
@@ -46,16 +44,8 @@ class RowSet:
         return int(self.starts[-1])
 
     def text_keys(self, seed: int) -> np.ndarray:
-        """Validate every row; the seeded hash of each row's prompt text, in row order."""
-        keys = np.empty(len(self), dtype=np.uint64)
-        for file, layout, start in zip(self.files, self.layouts, self.starts, strict=False):
-            row = 0
-            for batch in file.scan(layout.roots(file.columns())):
-                for record in batch:
-                    text = read_prompt(record, layout, file.where(row), "").text
-                    keys[start + row] = stable_hash(HOLDOUT, seed, text)
-                    row += 1
-        return keys
+        """Validate every row; the seeded key of each row's prompt text, in row order."""
+        return np.concatenate([file_keys(f, layout, seed) for f, layout in zip(self.files, self.layouts, strict=True)])
 
     def prompts(self, rows: Sequence[int] | np.ndarray) -> list[Prompt]:
         """The prompts of `rows` (indices into this set), in that order, each file read once."""

@@ -25,7 +25,7 @@ from cadence.data.fields import DataFileError
 
 FileFormat = Literal["auto", "jsonl", "json", "parquet", "csv", "datasets"]
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-SCAN_BATCH = 4096  # rows per batch of a validating pass
+SCAN_BATCH = 4096  # rows per batch of a validating pass (cadence/data/text_keys.py)
 
 
 def find_files(spec: str | list[str], fmt: FileFormat, field: str) -> list[tuple[Path, str]]:
@@ -106,8 +106,9 @@ class RowFile(Protocol):
         """`Prompt.id` of the row."""
         ...
 
-    def scan(self, columns: list[str]) -> Iterator[list[dict[str, Any]]]:
-        """Every row in order, in batches, with at least `columns`: a validating pass."""
+    def arrow_batches(self) -> Iterator[Any]:
+        """Every row in order as Arrow record batches, for a validating pass; nothing when the
+        file has no Arrow form; pyarrow.ArrowInvalid when its rows do not share one schema."""
         ...
 
     def take(self, rows: Sequence[int]) -> list[dict[str, Any]]:
@@ -163,20 +164,10 @@ class JsonlFile:
             raise DataFileError(f"{self.where(row)}: expected a JSON object, got {type(record).__name__}")
         return record
 
-    def scan(self, columns: list[str]) -> Iterator[list[dict[str, Any]]]:
-        batch: list[dict[str, Any]] = []
-        row = 0
-        with self.path.open("rb") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                batch.append(self._parse(line, row))
-                row += 1
-                if len(batch) == SCAN_BATCH:
-                    yield batch
-                    batch = []
-        if batch:
-            yield batch
+    def arrow_batches(self) -> Iterator[Any]:
+        import pyarrow.json as pj
+
+        yield from pj.open_json(self.path)  # batches of non-blank lines, as the index counts them
 
     def take(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         out = []
@@ -205,9 +196,8 @@ class ListFile:
     def row_id(self, row: int) -> str:
         return f"{self.path.stem}:{row + 1}"
 
-    def scan(self, columns: list[str]) -> Iterator[list[dict[str, Any]]]:
-        for start in range(0, len(self._rows), SCAN_BATCH):
-            yield self._rows[start : start + SCAN_BATCH]
+    def arrow_batches(self) -> Iterator[Any]:
+        return iter(())
 
     def take(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         return [self._rows[row] for row in rows]
@@ -240,9 +230,8 @@ class TableFile(ListFile):
     def columns(self) -> list[str]:
         return list(self._table.column_names)
 
-    def scan(self, columns: list[str]) -> Iterator[list[dict[str, Any]]]:
-        for batch in self._table.select(columns).to_batches(max_chunksize=SCAN_BATCH):
-            yield batch.to_pylist()
+    def arrow_batches(self) -> Iterator[Any]:
+        return iter(self._table.to_batches(max_chunksize=SCAN_BATCH))
 
     def take(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         return self._table.take(list(rows)).to_pylist()

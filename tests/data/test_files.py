@@ -6,6 +6,7 @@ import json
 
 import datasets
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
@@ -146,3 +147,31 @@ def test_config_load_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(None, ["task.name=file", f"task.train_file={bad}"])
     assert str(info.value) == f"invalid task data: {bad}:2: missing field 'answer' (fields present: ['prompt'])"
+
+
+def test_the_bulk_check_and_the_row_by_row_check_agree(tmp_path):
+    """Rows Arrow proves valid skip `read_prompt`; their keys must be those `read_prompt`'s texts give."""
+    from cadence.data.fields import read_prompt, resolve_layout
+    from cadence.data.sources import open_file
+    from cadence.data.tasks import stable_hash
+    from cadence.data.text_keys import file_keys, hash_texts
+
+    rows = verl_rows(5000)  # two scan batches: the second is a slice of the table
+    plain = pa.Table.from_pylist(rows)
+    roles = pc.dictionary_encode(pc.struct_field(plain["prompt"].combine_chunks().values, "role"))
+    encoded = plain.set_column(1, "prompt", pa.ListArray.from_arrays(  # roles Arrow does not prove
+        plain["prompt"].combine_chunks().offsets,
+        pa.StructArray.from_arrays([roles, pc.struct_field(plain["prompt"].combine_chunks().values, "content")],
+                                   names=["role", "content"])))
+    texts = None
+    for name, table in (("plain", plain), ("encoded", encoded)):
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+        file = open_file(tmp_path / f"{name}.parquet", "parquet")
+        layout = resolve_layout("auto", None, None, file.columns(), name)
+        texts = texts or [read_prompt(r, layout, "", "").text for r in rows]
+        assert (file_keys(file, layout, 5) == hash_texts(texts, 5)).all()
+    assert hash_texts(["q"], 5)[0] == stable_hash("jsonl-holdout", 5, "q")  # the older jsonl task's split
+    rows[4500]["prompt"] = [{"role": "user", "content": " "}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(DataFileError, match=r"bad.parquet row 4501: field 'prompt' is an empty prompt"):
+        task(tmp_path, train_file=str(tmp_path / "bad.parquet"))
