@@ -252,9 +252,9 @@ def template_build(
     pip: Annotated[list[str] | None, typer.Option("--pip", help="pip requirements installed into a --debian root.")] = None,
     suite: Annotated[str, typer.Option(help="Debian suite for --debian.")] = "bookworm",
     mirror: Annotated[str | None, typer.Option(help="Debian mirror for --debian.")] = None,
-    max_mb: Annotated[int, typer.Option(min=1, help="--from-image: MiB of files the image may write.")] = (
+    max_mb: Annotated[int, typer.Option(min=1, help="--from-image/--from-dir: MiB of files it may write.")] = (
         UnpackLimits.model_fields["max_mb"].default),
-    max_entries: Annotated[int, typer.Option(min=1, help="--from-image: tar entries the image may have.")] = (
+    max_entries: Annotated[int, typer.Option(min=1, help="--from-image/--from-dir: tar entries (files) it may have.")] = (
         UnpackLimits.model_fields["max_entries"].default),
     store: StoreOpt = None,
 ) -> None:

@@ -59,7 +59,7 @@ class Budget:
     def entry(self, name: str) -> None:
         self.entries += 1
         if self.entries > self.limits.max_entries:
-            raise LayerError(f"entry {name!r}: the image has more than {self.limits.max_entries} entries (max_entries: "
+            raise LayerError(f"entry {name!r}: the build reads more than {self.limits.max_entries} entries (max_entries: "
                              "raise it with `template build --max-entries N` or UnpackLimits(max_entries=N))")
 
     def copy(self, name: str, src: IO[bytes], out: IO[bytes]) -> None:
@@ -67,7 +67,7 @@ class Budget:
         while chunk := src.read(1 << 20):
             self.bytes += len(chunk)
             if self.bytes > self.limits.max_mb << 20:
-                raise LayerError(f"entry {name!r}: the image writes more than {self.limits.max_mb} MiB (max_mb: "
+                raise LayerError(f"entry {name!r}: the build writes more than {self.limits.max_mb} MiB (max_mb: "
                                  "raise it with `template build --max-mb N` or UnpackLimits(max_mb=N))")
             out.write(chunk)
 

@@ -27,6 +27,7 @@ import re
 import resource
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cadence.sandbox.models import SandboxError
-from cadence.sandbox.template_layers import LayerError, UnpackLimits, unpack_image
+from cadence.sandbox.template_layers import Budget, LayerError, UnpackLimits, unpack_image
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox", "templates")
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -73,7 +74,8 @@ class Template:
 
 
 class TemplateStore:
-    """`unpack`: what building from an image may write (an untrusted image could expand without end)."""
+    """`unpack`: what building from an image or a folder may write (an untrusted image could
+    expand without end)."""
 
     def __init__(self, path: str | None = None, unpack: UnpackLimits | None = None) -> None:
         self.path = os.path.abspath(path or os.environ.get("CADENCE_TEMPLATE_DIR") or DEFAULT_DIR)
@@ -83,11 +85,12 @@ class TemplateStore:
 
     # -- build -----------------------------------------------------------------------------------
     def build_from_dir(self, name: str, folder: str) -> Template:
-        """A template holding a copy of `folder` (its symlinks kept as links)."""
+        """A template holding a copy of `folder` (its symlinks kept as links; fifos, devices and
+        sockets refused), within the store's `unpack` limits."""
         if not os.path.isdir(folder):
             raise TemplateError(f"template {name!r}: --from-dir {folder!r} is not a folder")
         return self._build(name, "dir:" + _tree_digest(folder), f"dir {os.path.abspath(folder)}",
-                           lambda root: shutil.copytree(folder, root, symlinks=True, dirs_exist_ok=True))
+                           lambda root: _copy_folder(folder, root, Budget(self.unpack)))
 
     def build_from_image(self, name: str, image: str) -> Template:
         """A template from an OCI image archive: `docker save` output or an OCI layout (folder or tar)."""
@@ -208,6 +211,32 @@ def _file_digest(path: str) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _copy_folder(folder: str, root: str, budget: Budget) -> None:
+    """Copy `folder` into `root`: symlinks as links, regular files counted against `budget`. A
+    device or fifo is refused: copied as a file, /dev/zero-like nodes never end."""
+    def count(where: str, names: list[str]) -> set[str]:  # copytree shows each folder's names here once
+        for n in names:
+            budget.entry(os.path.join(where, n))
+        return set()
+
+    def copy(src: str, dst: str) -> None:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LayerError(f"{src!r}: a fifo, device or socket, refused (a template holds files, folders and links)")
+            with open(dst, "wb") as out:
+                budget.copy(src, f, out)
+        shutil.copystat(src, dst, follow_symlinks=False)
+        os.chmod(dst, st.st_mode & 0o1777)  # no setuid/setgid, as from an image
+
+    try:
+        shutil.copytree(folder, root, symlinks=True, ignore=count, copy_function=copy, dirs_exist_ok=True)
+    except shutil.Error as e:  # copytree gathers the OSErrors of every file
+        src, _, why = e.args[0][0]
+        raise LayerError(f"{src!r}: cannot be copied ({why}); {len(e.args[0])} error(s) in all") from e
 
 
 def _size_mb(root: str) -> float:

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import threading
@@ -21,7 +22,7 @@ from cadence.sandbox.cli import app
 from cadence.sandbox.template_layers import UnpackLimits
 from cadence.sandbox.templates import TemplateError, TemplateStore
 from tests.sandbox.conftest import needs_bwrap
-from tests.sandbox.test_templates import _docker_save, _layer, _oci_layout
+from tests.sandbox.test_templates import _docker_save, _layer, _oci_layout, needs_root
 
 SECRET = "host secret, mode 0600"
 
@@ -84,7 +85,7 @@ def test_a_sparse_entry_is_counted_as_written_not_as_its_header(store, tmp_path)
     layer = _tar({}, _sparse_entry("big", 17 << 20))
     image = _docker_save(str(tmp_path / "sparse.tar"), [layer])
     assert os.path.getsize(image) < 20_000
-    with pytest.raises(TemplateError, match=r"'big': the image writes more than 16 MiB \(max_mb: raise it with "
+    with pytest.raises(TemplateError, match=r"'big': the build writes more than 16 MiB \(max_mb: raise it with "
                        r"`template build --max-mb N`"):
         store.build_from_image("sparse", image)
     assert _built_nothing(store)
@@ -272,4 +273,30 @@ def test_a_templates_python_is_asked_its_version_within_bounds(store, tmp_path, 
     output is bounded (it went to a pipe read into memory until the 60 s timeout) and checked."""
     with pytest.raises(TemplateError, match=why):
         store.build_from_dir("own", _own_system(tmp_path / "root", script, ("/usr/bin/yes",)))
+    assert _built_nothing(store)
+
+
+@pytest.mark.parametrize("kind, why", [
+    ("fifo", "/node': a fifo, device or socket, refused"),  # shutil.Error traceback before
+    pytest.param("device", "/node': a fifo, device or socket, refused", marks=needs_root),  # /dev/zero: copied for ever
+    ("sparse", "/a': the build writes more than 16 MiB"),  # 64 MiB of zeros written before
+    ("many", "more than 50 entries"),
+])
+def test_a_folder_is_copied_within_the_limits(store, tmp_path, kind, why):
+    """--from-dir: a task's folder (extracted from its tarball as root) may hold a device node,
+    a fifo, a sparse file or too many files, like an image."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_text("A")
+    if kind == "fifo":
+        os.mkfifo(src / "node")
+    elif kind == "device":
+        os.mknod(src / "node", 0o644 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers
+    elif kind == "sparse":
+        os.truncate(src / "a", 64 << 20)
+    else:
+        for i in range(60):
+            (src / f"f{i}").write_text("")
+    with pytest.raises(TemplateError, match=why):
+        _finishes(lambda: store.build_from_dir("copied", str(src)))
     assert _built_nothing(store)
