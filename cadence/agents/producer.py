@@ -279,10 +279,11 @@ class AgentProducer:
         return reward, trajectory
 
     async def _play(self, task: Any, label: int | str) -> tuple[float, Trajectory]:
-        if not self.endpoint.serving:  # start it here: on the loop the hub serves (once)
-            if self._starting is None or self._starting.done():
-                self._starting = asyncio.ensure_future(self.endpoint.start())
-            await asyncio.shield(self._starting)
+        # Start it here, on the loop the hub serves (once). Every run waits for the start to end:
+        # `serving` turns true before the start has read the port it bound.
+        if self._starting is None or (self._starting.done() and not self.endpoint.serving):
+            self._starting = asyncio.ensure_future(self.endpoint.start())
+        await asyncio.shield(self._starting)
         run_id = self.endpoint.open_run()
         http = httpx.AsyncClient(verify=self._tls, timeout=None)
         client = openai.AsyncOpenAI(base_url=self.endpoint.run_url(run_id), api_key=run_id, max_retries=0,

@@ -33,7 +33,7 @@ def make_repo(folder: Path) -> Path:
 
 
 def task_row(repo: Path, hidden: list[str] = HIDDEN, **extra) -> dict:
-    return {"prompt": "add(a, b) should return the sum of a and b; fix calc.py", "answer": "",
+    return {"prompt": "add(a, b) should return the sum of a and b; fix calc.py", "instance_id": "calc-1",
             "repo": str(repo), "tests": hidden, "test_setup": "from calc import add", **extra}
 
 
