@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cadence.sandbox import staging
 from cadence.sandbox.models import SandboxError
 from cadence.sandbox.template_layers import Budget, LayerError, UnpackLimits, unpack_image
 
@@ -43,6 +44,7 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PYTHONS = ("usr/local/bin/python3", "usr/bin/python3")  # where a template's own python3 may be
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib64", "lib32")  # the host's cover these without one
 DEBIAN_SUITE = "bookworm"
+MNT_DETACH = 2
 # The agent's bytecode magic, site folders and python version, printed by the template's python3.
 PROBE = ("import importlib.util,json,site,sys;print(json.dumps([importlib.util.MAGIC_NUMBER.hex(),"
          "[p for p in site.getsitepackages()],sys.version.split()[0]]))")
@@ -121,6 +123,7 @@ class TemplateStore:
                 root = os.path.join(tmp, "rootfs")
                 os.mkdir(root, 0o755)
                 fill(root)
+                _detach_mounts(tmp)
                 os.chmod(root, 0o755)
                 meta = {"key": key, "source": source, "created": time.time(), "size_mb": _size_mb(root),
                         **_probe_python(root, name)}
@@ -134,6 +137,7 @@ class TemplateStore:
             except LayerError as e:
                 raise TemplateError(f"template {name!r}: {e}") from e
             finally:
+                _detach_mounts(tmp)
                 shutil.rmtree(tmp, ignore_errors=True)
         _write_atomic(os.path.join(self.path, "names", f"{name}.json"), json.dumps({"key": key}))
         return self.get(name)
@@ -237,6 +241,18 @@ def _copy_folder(folder: str, root: str, budget: Budget) -> None:
     except shutil.Error as e:  # copytree gathers the OSErrors of every file
         src, _, why = e.args[0][0]
         raise LayerError(f"{src!r}: cannot be copied ({why}); {len(e.args[0])} error(s) in all") from e
+
+
+def _detach_mounts(folder: str) -> None:
+    """Detach whatever is mounted under `folder`, deepest first: a failed mmdebstrap can leave its
+    new root's /proc mounted, which then outlives the build (and rmtree would walk into it)."""
+    with open("/proc/self/mountinfo") as f:  # field 5: the mount point, with \ooo escapes
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in f]
+    for point in sorted((p for p in points if p.startswith(folder + "/")), key=len, reverse=True):
+        try:
+            staging._libc_call("umount2", point.encode(), MNT_DETACH)
+        except OSError:
+            pass  # not ours to detach (no CAP_SYS_ADMIN): rmtree then leaves it
 
 
 def _size_mb(root: str) -> float:

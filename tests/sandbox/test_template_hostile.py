@@ -300,3 +300,28 @@ def test_a_folder_is_copied_within_the_limits(store, tmp_path, kind, why):
     with pytest.raises(TemplateError, match=why):
         _finishes(lambda: store.build_from_dir("copied", str(src)))
     assert _built_nothing(store)
+
+
+@needs_root
+def test_a_failed_build_detaches_its_mounts_before_removing_its_folder(store, tmp_path, monkeypatch):
+    """A failed mmdebstrap left its root's /proc mounted (seen here); the build's folder was then
+    rmtree'd through whatever was mounted in it, and the mount outlived the build."""
+    from cadence.sandbox import staging, templates
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "keep").write_text("a host file")
+
+    def failing_mmdebstrap(root: str, *args) -> None:
+        os.mkdir(os.path.join(root, "mnt"))
+        staging._libc_call("mount", str(host).encode(), os.path.join(root, "mnt").encode(), None, 4096)  # MS_BIND
+        raise TemplateError("mmdebstrap failed (1): no network")
+
+    monkeypatch.setattr(templates, "_mmdebstrap", failing_mmdebstrap)
+    monkeypatch.setattr(templates.shutil, "which", lambda name: f"/usr/bin/{name}")
+    with pytest.raises(TemplateError, match="no network"):
+        store.build_debian("deb", ["cowsay"])
+    with open("/proc/self/mountinfo") as f:
+        assert store.path not in f.read()
+    assert (host / "keep").read_text() == "a host file"
+    assert _built_nothing(store)
