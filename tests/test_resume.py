@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,28 @@ def test_sync_resume_after_sigkill_is_bit_identical(tmp_path):
     wb = load_file(run / "checkpoints" / "step_6" / "model.safetensors")
     assert wa.keys() == wb.keys()
     assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+@pytest.mark.slow
+def test_an_adaptive_kl_run_resumes_with_its_own_command(tmp_path):
+    """algorithm.kl.target moves the KL coefficient step by step: trainer state, never the config,
+    so `--resume` with the command that started the run continues it, coefficient and all."""
+    args = [*RUN, "trainer.steps=4", "algorithm.kl.coef=0.05", "algorithm.kl.mode=loss", "algorithm.kl.target=0.001",
+            f"logging.run_dir={tmp_path}/run"]
+    cfg = load_config(None, args)
+    train(cfg)
+    assert cfg.algorithm.kl.coef == 0.05, "the trainer wrote its coefficient into the run config"
+    run = cfg.run_dir()
+    whole = _records(run)
+    assert len({r["train/kl_coef"] for r in whole}) == 4 and whole[0]["train/kl_coef"] != 0.05  # it adapts
+
+    shutil.rmtree(run / "checkpoints" / "step_4")  # as if killed after step 2's checkpoint
+    train(load_config(None, args), resume=True)
+    resumed = _records(run)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for ra, rb in zip(whole, resumed, strict=True):
+        for key in ("train/kl_coef", *COMPARED):
+            assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
 
 
 def _checkpointed_run(tmp_path: Path, overrides: list[str]) -> Path:
