@@ -10,6 +10,7 @@ import functools
 import math
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -35,6 +36,7 @@ from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel
+from cadence.train.protocol import Trainer
 from cadence.train.trainer import PolicyTrainer
 
 # Training prompts are walked in shuffled blocks of this many: fixed, so the data order does
@@ -91,18 +93,18 @@ def rollout_workers(cfg: RunConfig) -> WorkerGroup:
     )
 
 
-def run_trainer(cfg: RunConfig, pad_id: int, state: dict | None = None) -> PolicyTrainer | TrainerGroup:
+def run_trainer(cfg: RunConfig, pad_id: int, checkpoint: Path | None = None) -> Trainer:
     """The run's trainer: a `PolicyTrainer` in this process, or `runtime.trainer_workers`
     data-parallel ranks (a `TrainerGroup`; this process keeps a copy of the policy to export),
-    from a resumed run's checkpoint `state` when given."""
-    weights = state["weights"] if state is not None else None
+    with the weights of a resumed run's `checkpoint` folder when given (its state loads later)."""
+    # Through from_pretrained, so tied weights (absent from the file) come back too.
+    weights = load_policy(str(checkpoint)).state_dict() if checkpoint is not None else None
     if cfg.runtime.trainer_workers == 1:
         return build_trainer(cfg, pad_id, weights)
-    checkpoint = str(state["path"]) if state is not None else None
     policy = load_policy(cfg.model.path, cfg.model.dtype)
     if weights is not None:
         policy.load_state_dict(weights)
-    build = functools.partial(build_rank_trainer, cfg, pad_id, checkpoint)
+    build = functools.partial(build_rank_trainer, cfg, pad_id, str(checkpoint) if checkpoint is not None else None)
     return TrainerGroup(build, cfg.trainer, cfg.runtime, model=policy)
 
 

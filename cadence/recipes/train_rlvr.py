@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,22 +17,21 @@ import torch
 from cadence.assemble import rollout_workers, run_trainer
 from cadence.config import ConfigError, RunConfig, dump_config
 from cadence.dashboard.beside import start_beside
-from cadence.models.loading import load_policy, load_tokenizer
-from cadence.observe.flat_rewards import FlatRewardWatch
-from cadence.observe.metrics import MetricsLogger, read_jsonl
-from cadence.observe.progress import TrainingBar
+from cadence.models.loading import load_tokenizer
+from cadence.observe.metrics import read_jsonl
 from cadence.observe.report import held_out_label, plot_curves, print_summary
-from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.observe.run_name import choose_run_name
 from cadence.observe.run_status import RunStatus
-from cadence.observe.run_trace import RunTrace
+from cadence.observe.step_report import StepReport
+from cadence.recipes.evaluator import Evaluator
 from cadence.rollout.evaluate import EvalResult
 from cadence.runtime.placement import WorkerGroup, trainer_threads
 from cadence.runtime.split import Split, measured_split
 from cadence.runtime.threads import configure_threads, cpu_share
-from cadence.runtime.trainer_group import TrainerGroup
-from cadence.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
-from cadence.train.resume import CONFIG_FILE, check_resume_config, record_changes, saved_config
+from cadence.train.checkpoint import latest_checkpoint
+from cadence.train.checkpointer import Checkpointer
+from cadence.train.resume import check_resume_config, record_changes, saved_config
+from cadence.train.run_state import Counters, RunState
 
 
 @dataclass
@@ -87,19 +85,18 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
             f"correct for staleness: samples up to rollout.async_ratio={cfg.rollout.async_ratio} "
             "versions old are trained as if fresh (mismatch.mode=auto or an off-policy loss corrects them)"
         )
-    progress = {"step": 0}  # the last step finished, for the Ctrl-C message
     workers = None
-    status = progress["status"] = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows
+    status = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows; its step is the last one trained
     status.start()
     dashboard = start_beside(cfg.logging.dashboard_port, run_dir) if cfg.logging.dashboard else None
     try:
         workers = rollout_workers(cfg)  # engines, rewards and prompts: in-process or Ray actors
-        summary = _train(cfg, run_dir, workers, resume, progress)
+        summary = _train(cfg, run_dir, workers, resume, status)
         status.finish()
         return summary
     except KeyboardInterrupt:
         status.interrupted()
-        raise TrainingInterrupted(run_dir, progress["step"], latest_checkpoint(run_dir)) from None
+        raise TrainingInterrupted(run_dir, status.step, latest_checkpoint(run_dir)) from None
     except Exception as err:
         status.failed(err)
         raise
@@ -111,162 +108,65 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
                 workers.close()
 
 
-def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, progress: dict) -> RunSummary:
+def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, status: RunStatus) -> RunSummary:
+    """Rollout -> train -> weight sync, step after step; its collaborators decide when they are due."""
     threads = configure_threads(trainer_threads(cfg.runtime))
     held_out = held_out_label(episodes=cfg.env is not None or cfg.agent is not None)  # agent runs are episodes too
-
     tokenizer = load_tokenizer(cfg.model.path)
-    state = _resume_state(run_dir) if resume else None
-    trainer = run_trainer(cfg, tokenizer.pad_token_id, state)
-    policy = trainer.model  # data parallel: the driver's copy, given the ranks' weights at each sync
-
-    start_step, counters = 0, {"samples": 0, "tokens": 0}
-    eval_before = eval_after = None
-    reward_errors = RewardErrorReport(run_dir)
-    if state is not None:
-        start_step = state["step"]
-        trainer.load_state_dict(state["trainer"], state["path"])
-        counters = state["counters"]
-        eval_before = state.get("eval_before")
-        set_rng_state(state["rng"])
-        workers.update_weights(trainer.weights(), trainer.version)  # on CPU whatever trainer.device
-        workers.load_state_dict(state["workers"], trainer.version)
-        print(f"resumed from step {start_step} ({run_dir})")
-    elif cfg.eval.before:
-        eval_before = workers.evaluate(cfg.eval.samples)
-        print(f"{held_out} before training: {eval_before.pass_at_1:.3f}")
-        reward_errors.review(workers.reward_report(), 0)
-    progress["step"] = start_step
-
-    logger = MetricsLogger(
-        run_dir,
-        cfg.model_dump(mode="json"),
-        resume_step=start_step,
-        tensorboard=cfg.logging.tensorboard,
-        wandb=cfg.logging.wandb,
-        mlflow=cfg.logging.mlflow,
-        name=cfg.logging.name,
-    )
-    if eval_before is not None and start_step == 0:
-        logger.log(0, eval_before.as_metrics())  # step 0: the policy before any update
-    trace = RunTrace(run_dir, cfg.logging, tokenizer, cfg.rollout.async_ratio, progress["status"], start_step)
+    checkpoints = Checkpointer(run_dir, cfg.checkpoint, cfg.trainer.steps, tokenizer, dump_config(cfg))
+    folder = checkpoints.latest() if resume else None
+    trainer = run_trainer(cfg, tokenizer.pad_token_id, folder)
+    evaluator = Evaluator(cfg.eval, cfg.trainer.steps, workers, held_out)
+    run = checkpoints.restore(folder, trainer, workers) if folder else RunState(eval_before=evaluator.before())
+    report = StepReport(run_dir, cfg.logging, run, cfg.trainer.steps, workers, status, tokenizer,
+                        cfg.rollout.async_ratio, cfg.model_dump(mode="json"))
     workers.start()
-    began = time.perf_counter()
-    eval_seconds = 0.0  # held-out evaluation inside the loop: not training time
-    bar = TrainingBar(  # its ETA leaves out the first step's warm-up
-        range(start_step + 1, cfg.trainer.steps + 1),
-        initial=start_step,
-        total=cfg.trainer.steps,
-        desc="train",
-        disable=not cfg.logging.progress,
-        dynamic_ncols=True,
-    )
-    flat_rewards = FlatRewardWatch()  # warns if the first steps' groups all have equal rewards
-    for step in bar:
-        t0 = time.perf_counter()
-        trace.waiting(step)
+    for step in report.steps():
+        report.waiting(step)
         groups = workers.get_batch(trainer.version)
-        waited = time.perf_counter() - t0
-        trace.batch(step, trainer.version, groups)
+        report.batch(step, trainer.version, groups)
         metrics = trainer.step(groups)
-        trace.syncing(step)
-        t_sync = time.perf_counter()
+        report.syncing(step)
         workers.update_weights(trainer.weights(), trainer.version)  # data parallel: gathered once
-        sync_seconds = time.perf_counter() - t_sync
-        trace.stepped(step)
-        step_seconds = time.perf_counter() - t0
-
-        flat_rewards.update(groups)
-        samples = [s for g in groups for s in g.samples]
-        rewards = torch.tensor([s.reward for s in samples])
-        lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
-        counters["samples"] += len(samples)
-        counters["tokens"] += int(lengths.sum())
-        metrics.update(
-            {
-                "reward/mean": float(rewards.mean()),
-                "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-                "reward/accuracy": float((rewards >= 1.0).float().mean()),
-                "reward/errors": float(sum(s.reward_error is not None for s in samples)),
-                "response/length_mean": float(lengths.mean()),
-                "response/length_max": float(lengths.max()),
-                "response/truncated_fraction": sum(s.finish_reason == "length" for s in samples) / len(samples),
-                # Responses whose tokens came from more than one policy version (interruptible generation).
-                "response/interrupted_fraction": sum(
-                    s.finish_version is not None and s.finish_version != s.version for s in samples
-                ) / len(samples),
-                "time/step": step_seconds,
-                "time/trainer_idle": waited,
-                "time/weight_sync": sync_seconds,
-                "perf/weight_sync_s": sync_seconds,
-                "perf/samples_per_s": len(samples) / step_seconds,
-                "perf/tokens_per_s": float(lengths.sum()) / step_seconds,
-                "progress/samples_total": float(counters["samples"]),
-                **workers.metrics(),
-            }
-        )
-        last = step == cfg.trainer.steps
-        if (cfg.eval.every and step % cfg.eval.every == 0) or (last and cfg.eval.after):
-            t_eval = time.perf_counter()
-            trace.phase("evaluating", step)
-            evaluated = workers.evaluate(cfg.eval.samples)
-            eval_seconds += time.perf_counter() - t_eval
-            metrics.update({**evaluated.as_metrics(), "time/eval": time.perf_counter() - t_eval})
-            eval_after = evaluated if last else None
-        if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
-            reward_errors.review(workers.reward_report(), step)
-        logger.log(step, metrics)
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
-
-        if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
-            trace.phase("checkpointing", step)
-            save_checkpoint(
-                run_dir,
-                step,
-                policy,
-                tokenizer,
-                {
-                    "trainer": trainer.state_dict(),
-                    "workers": workers.state_dict(),
-                    "counters": dict(counters),
-                    "eval_before": eval_before,
-                },
-                keep=cfg.checkpoint.keep,
-                files={CONFIG_FILE: dump_config(cfg)},
-                write_shards=trainer.save_sharded if cfg.runtime.trainer_workers > 1 else None,
-            )
-        progress["step"] = step
-    bar.close()
-    trace.close()
-    seconds = time.perf_counter() - began - eval_seconds
+        metrics = report.stepped(step, groups, metrics)
+        if evaluator.due(step):
+            report.phase("evaluating", step)
+            metrics |= evaluator.run(step)
+        report.log(step, metrics)
+        run.step = step
+        if checkpoints.due(step):
+            report.phase("checkpointing", step)
+            checkpoints.save(run, trainer, workers)
+    seconds = report.close() - evaluator.seconds  # held-out evaluation inside the loop is not training time
     rollout_metrics = workers.metrics()
     workers.stop()  # no more training rollouts
-    if isinstance(trainer, TrainerGroup):
-        trainer.close()
-    if cfg.eval.after and eval_after is None:  # resumed after the last step: nothing ran
-        eval_after = workers.evaluate(cfg.eval.samples)
-    logger.close()
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    if records:
-        plot_curves(records, run_dir / "reward_curve.png", held_out_name=held_out)
-    split = measured_split(
-        records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
-    )
-    summary = RunSummary(run_dir, cfg.trainer.steps, seconds, eval_before, eval_after)
-    runtime = f"{cfg.runtime.kind}, async ratio {cfg.rollout.async_ratio}, trainer threads {threads}"
-    _print_summary(summary, counters, rollout_metrics, split, runtime, held_out)
-    write_summary(summary, counters, rollout_metrics)
+    trainer.close()
+    summary = RunSummary(run_dir, cfg.trainer.steps, seconds, run.eval_before, evaluator.after())
+    _finish(cfg, summary, run.counters, rollout_metrics, f"trainer threads {threads}", held_out)
     return summary
 
 
-def write_summary(summary: RunSummary, counters: dict, rollout: dict) -> Path:
+def _finish(cfg: RunConfig, summary: RunSummary, counters: Counters, rollout: dict, threads: str, held_out: str) -> None:
+    """The reward curve, the summary table and summary.json."""
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
+    if records:
+        plot_curves(records, summary.run_dir / "reward_curve.png", held_out_name=held_out)
+    split = measured_split(
+        records, cfg.batch_size, cfg.runtime.rollout_workers, cfg.rollout.async_ratio, cfg.trainer.epochs
+    )
+    runtime = f"{cfg.runtime.kind}, async ratio {cfg.rollout.async_ratio}, {threads}"
+    _print_summary(summary, counters, rollout, split, runtime, held_out)
+    write_summary(summary, counters, rollout)
+
+
+def write_summary(summary: RunSummary, counters: Counters, rollout: dict) -> Path:
     """`<run>/summary.json`: the numbers of the summary table, for scripts and docs."""
     before, after = summary.eval_before, summary.eval_after
     data = {
         "steps": summary.steps,
         "seconds": round(summary.seconds, 3),
-        "samples_trained": counters["samples"],
-        "tokens_generated": counters["tokens"],
+        "samples_trained": counters.samples,
+        "tokens_generated": counters.tokens,
         "reward_errors": int(rollout.get("rollout/reward_errors_total", 0)),
         "stale_groups_dropped": int(rollout.get("buffer/dropped_groups", 0)),
         "eval_before": asdict(before) if before is not None else None,
@@ -278,28 +178,15 @@ def write_summary(summary: RunSummary, counters: dict, rollout: dict) -> Path:
     return path
 
 
-def _resume_state(run_dir: Path) -> dict | None:
-    found = latest_checkpoint(run_dir)
-    if found is None:
-        print(f"--resume: no checkpoint in {run_dir}; starting from scratch")
-        return None
-    step, path = found
-    state = load_state(path)
-    state["path"] = path  # a data-parallel checkpoint's optimizer shards are read from there
-    # Through from_pretrained, so tied weights (absent from the file) come back too.
-    state["weights"] = load_policy(str(path)).state_dict()
-    return state
-
-
 def _print_summary(
-    summary: RunSummary, counters: dict, rollout: dict, split: Split | None, runtime: str, held_out: str
+    summary: RunSummary, counters: Counters, rollout: dict, split: Split | None, runtime: str, held_out: str
 ) -> None:
     """The end-of-run table; `runtime` and `held_out` (what evaluation measures) as printed."""
     before, after = summary.eval_before, summary.eval_after
     rows = [
         ("run dir", str(summary.run_dir)),
         ("steps", str(summary.steps)),
-        ("samples trained", str(counters["samples"])),
+        ("samples trained", str(counters.samples)),
         ("wall time (this process)", f"{summary.seconds:.1f} s"),
         ("runtime", runtime),
         ("reward errors (contained)", str(int(rollout.get("rollout/reward_errors_total", 0)))),

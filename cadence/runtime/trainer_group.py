@@ -13,8 +13,8 @@ The driver (the recipe) sends every rank the same call with the whole batch;
 the ranks split the work among themselves (`cadence.train.data_parallel`) and
 answer identically, so the driver keeps rank 0's answer.
 
-`TrainerGroup` offers the recipe what a `PolicyTrainer` does: `step`,
-`version`, `weights`, `state_dict`, `load_state_dict`, plus `save_sharded`.
+`TrainerGroup` is a `Trainer` (`cadence.train.protocol`), as a `PolicyTrainer`
+is: the recipe calls both the same way.
 Each rank is a typed handle (`cadence.runtime.actors`): a spawned `Process` or a
 `RayActor`; a dead rank fails the step with `TrainerRankError`.
 """

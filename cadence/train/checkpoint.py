@@ -76,15 +76,16 @@ def save_checkpoint(
     files: dict[str, str] | None = None,
     write_shards: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `step_N` atomically: weights, tokenizer, `trainer_state.pt`, text `files`, and
-    (data-parallel runs) what `write_shards(folder)` writes: the ranks' DCP shards."""
+    """Write `step_N` atomically: weights, tokenizer, `state` as `trainer_state.pt` (a run's:
+    `RunState.to_dict()`), text `files`, and (data-parallel runs) what `write_shards(folder)`
+    writes: the ranks' DCP shards."""
     final = checkpoint_dir(run_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "rng": rng_state(), **state}, tmp / STATE_FILE)
+    torch.save(state, tmp / STATE_FILE)
     for name, text in (files or {}).items():
         (tmp / name).write_text(text)
     if write_shards is not None:

@@ -446,6 +446,9 @@ class PolicyTrainer:
     def save_sharded(self, folder: Path) -> None:
         save_sharded(self.policy, self.optimizer, folder)
 
+    def close(self) -> None:
+        """Nothing to release: this trainer lives in this process (`Trainer` protocol)."""
+
     def load_state_dict(self, state: dict, folder: Path | None = None) -> None:
         """`state` from `state_dict`; `folder` is the checkpoint, read when its optimizer state
         is sharded (a data-parallel run's). Any rank count resumes any other's checkpoint."""
