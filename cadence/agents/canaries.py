@@ -41,11 +41,14 @@ class Canaries:
         return self.rows[(key // self.cfg.every) % len(self.rows)]
 
     def record(self, passed: bool) -> None:
-        """A graded canary run; warns or raises CanariesPassing past the threshold."""
+        """A graded canary run."""
         for counts in (self.totals, self.step):
             counts["runs"] += 1
             counts["passed"] += passed
         self.recent.append(passed)
+
+    def check(self) -> None:
+        """Past the threshold: a warning (once), or CanariesPassing (which ends the run)."""
         if len(self.recent) < self.cfg.window:
             return
         rate = sum(self.recent) / len(self.recent)

@@ -156,6 +156,8 @@ class AgentProducer:
                         self.counts["runs_retried"] += 1
                         runs.add(asyncio.ensure_future(self._run(task, index, group, canary is not None)))
                 self._check()
+                if self.canaries is not None:
+                    self.canaries.check()
         finally:
             self.open.pop(group_id, None)
             for run in runs:

@@ -29,7 +29,7 @@ import secrets
 import tarfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cadence.agents.config import TaskSandboxConfig
@@ -130,11 +130,15 @@ class TaskSandboxes:
         """A sandbox id (a warm spare when one is ready); waits while max_size are leased."""
         pool = await self.start()
         while True:
+            leasing = asyncio.ensure_future(asyncio.to_thread(pool.acquire, None, True, (), owner, template))
             try:
-                info = await asyncio.to_thread(pool.acquire, None, True, (), owner, template)
+                info = await asyncio.shield(leasing)
                 break
             except PoolFull:
                 await asyncio.sleep(POOL_FULL_WAIT_S)
+            except asyncio.CancelledError:  # the acquire goes on in its thread: give back what it gets
+                leasing.add_done_callback(lambda done: _give_back(pool, done))
+                raise
         self.leased.add(info.id)
         self.counts["acquired"] += 1
         return info.id
@@ -278,9 +282,12 @@ def repo_tar(repo: str, field: str) -> bytes:
     return buf.getvalue()
 
 
+def _give_back(pool: Pool, leasing: asyncio.Future) -> None:
+    if not leasing.cancelled() and leasing.exception() is None:
+        threading.Thread(target=_release_quietly, args=(pool, leasing.result().id), daemon=True).start()
+
+
 def _release_quietly(pool: Pool, sandbox_id: str) -> None:
     with contextlib.suppress(SandboxError):  # already gone (the pool reaped or replaced it away)
         pool.release(sandbox_id, "agent run ended")
 
-
-SandboxFactory = Callable[[TaskSandboxConfig], TaskSandboxes]
