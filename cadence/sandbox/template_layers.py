@@ -33,7 +33,8 @@ INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docke
 DIGEST = re.compile(r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")  # the OCI image spec's grammar
 MAX_JSON_BYTES = 4 << 20  # a manifest or index: registries need only take 4 MiB (OCI distribution spec)
 MAX_INDEX_DEPTH = 8  # image indexes within indexes (real images nest one or two)
-MAX_LAYERS = 1000  # Docker stops at 127; each layer of a gzip image tar may re-read the archive
+MAX_LAYERS = 128  # Docker's overlay2 stops at 125; each layer of a gzip image tar may decompress it again from
+# the start (a manifest may list layers out of order, or one many times)
 
 
 class LayerError(ValueError):
@@ -318,7 +319,7 @@ def image_layers(image: _Archive) -> list[str]:
     else:
         raise LayerError(f"{image.path}: neither a `docker save` archive (manifest.json) nor an OCI layout (index.json)")
     if len(layers) > MAX_LAYERS:
-        raise LayerError(f"{image.path}: {len(layers)} layers, more than {MAX_LAYERS} refused (Docker stops at 127)")
+        raise LayerError(f"{image.path}: {len(layers)} layers, more than {MAX_LAYERS} refused (Docker's overlay2 stops at 125)")
     return layers
 
 

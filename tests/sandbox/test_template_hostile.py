@@ -52,6 +52,15 @@ def _tar(entries: dict[str, bytes], extra: bytes = b"") -> bytes:
     return body + extra + b"\0" * 1024
 
 
+def _set_manifest(path: str, layers: list[str]) -> None:
+    """Append to a `docker save` tar a manifest.json naming `layers` (the last of a name wins)."""
+    manifest = json.dumps([{"Layers": layers}]).encode()
+    with tarfile.open(path, "a") as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+
+
 def _finishes(fn, timeout: float = 10.0):
     """fn()'s result or exception, failing (not hanging) when it loops or blocks for ever."""
     out: dict = {}
@@ -111,6 +120,15 @@ def test_entries_are_capped_over_the_whole_image(store, tmp_path):
         store.build_from_image("many", image)
     assert "\n" not in str(e.value)
     assert _built_nothing(store)
+
+
+def test_a_manifest_naming_more_than_128_layers_is_refused(store, tmp_path):
+    """Each layer of a gzip image tar may decompress it again from the start: 129 names of one
+    layer were 129 passes."""
+    path = _docker_save(str(tmp_path / "img.tar"), [_tar({"a": b"A"})])
+    _set_manifest(path, ["layer0/layer.tar"] * 129)
+    with pytest.raises(TemplateError, match="129 layers, more than 128 refused"):
+        store.build_from_image("layers", path)
 
 
 def test_the_cli_takes_the_limits(tmp_path):
@@ -214,10 +232,7 @@ def test_a_tar_image_reads_only_regular_members(store, tmp_path):
         info = tarfile.TarInfo("linked.tar")
         info.type, info.linkname = tarfile.SYMTYPE, "layer0/layer.tar"
         tar.addfile(info)
-        manifest = json.dumps([{"Layers": ["linked.tar"]}]).encode()
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))  # the last manifest.json wins
+    _set_manifest(path, ["linked.tar"])
     with pytest.raises(TemplateError, match="'linked.tar' is not a regular file"):
         store.build_from_image("links", path)
 
