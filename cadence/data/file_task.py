@@ -187,6 +187,8 @@ def _load_split(config_json: str, stamps: tuple) -> tuple[RowSet, np.ndarray, Ro
         return train, train_rows, train, test_rows
     test = open_rows(cfg.test_file, cfg, "task.test_file")
     train_rows = np.flatnonzero(~np.isin(keys, test.text_keys(cfg.seed)))
+    if len(train_rows) == 0:
+        raise DataFileError(f"{cfg.train_file}: every prompt also appears in {cfg.test_file}; none is left to train on")
     if len(train_rows) < len(train):
         log.warning(
             "%s: dropped %d training prompts that also appear in %s",
