@@ -239,3 +239,18 @@ def test_agent_tool_calls_and_lost_episodes_show(browser, shots, tmp_path: Path)
         assert page.locator("#lost-episodes pre b").count() == 0
         shots(page, "lost-episodes")
         page.close()
+
+
+def test_the_canary_pass_rate_is_a_chart_when_a_run_has_it(browser, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run = write_run(root, "agent", steps=3, finish=False)
+    with (run / "metrics.jsonl").open("a") as f:  # agent.canaries: the measured hack rate
+        f.write(json.dumps({"step": 4, "reward/mean": 0.5, "agent/canary_pass_rate": 0.25}) + "\n")
+    with serving(create_app(root, poll_s=0.3)) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(url + "/#/run/agent")
+        page.wait_for_selector("#chart-canaries .main-svg")
+        assert page.evaluate("() => document.getElementById('chart-canaries').data.map((t) => t.name)") == [
+            "agent/canary_pass_rate"]
+        assert page.evaluate("() => document.getElementById('chart-canaries').layout.yaxis.range") == [0, 1.05]
+        page.close()

@@ -15,6 +15,7 @@ const CHARTS = [
   ["samples", "samples/s", [/^perf\/samples_per_s$/]],
   ["tokens", "tokens/s", [/^perf\/tokens_per_s$/]],
   ["stale", "staleness (versions behind)", [/^train\/staleness_(mean|max)$/]],
+  ["canaries", "canary pass rate (the measured hack rate; goal 0)", [/^agent\/canary_pass_rate$/], { range: [0, 1.05] }],
   ["offpolicy-ess", "effective sample size of π_old/μ (1: on-policy)", [/^offpolicy\/ess(_seq)?$/],
    { group: OFFPOLICY, range: [0, 1.05] }],
   ["offpolicy-masked", "share of tokens masked or truncated", [/^offpolicy\/(masked|truncated)_frac$/], { group: OFFPOLICY }],
