@@ -256,8 +256,9 @@ def check_packages(cfg: RunConfig) -> None:
 def check_data(task: TaskConfig) -> None:
     """Read the task's data files now, so a bad row is reported before any model loads.
 
-    Every row is validated (a bad one anywhere names its file, row and field): about a
-    second per 100k rows, and the task built after the model loads reuses the result.
+    Every row is validated (a bad one anywhere names its file, row and field), in bulk
+    with Arrow; the task built after the model loads reuses the result. docs/migrate.md
+    has the time and memory this takes for a million rows.
     """
     from cadence.data.config import task_kind
 
