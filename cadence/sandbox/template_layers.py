@@ -128,6 +128,9 @@ def apply_layer(root: str, layer: IO[bytes], uid: int | None = None, gid: int | 
             base, target = parts[-1], os.path.join(folder, parts[-1])
             rel = "/".join(parts)
             if base == OPAQUE:
+                if rel in added:  # once per folder and layer: a marker repeated N times was N listings of it
+                    continue
+                added.add(rel)
                 for child in os.listdir(folder):
                     if "/".join([*parts[:-1], child]) not in added:
                         _remove(os.path.join(folder, child))
