@@ -43,6 +43,12 @@ class AgentEndpointConfig(BaseModel):
         "the agent sees why). None: rollout.max_context_tokens, capped at the model's max_position_embeddings.",
     )
     model_name: str = Field("cadence", min_length=1, description="The model id /v1/models lists.")
+    max_n: int = Field(16, ge=1, description="Choices one request may ask for (`n`); more is refused (HTTP 400).")
+    max_tokens_limit: int | None = Field(
+        None, gt=0, description="The largest max_tokens a request may ask for (more: HTTP 400). None: the "
+        "context budget (max_context_tokens).",
+    )
+    max_body_mb: int = Field(8, ge=1, description="A request body over this many MiB is refused (HTTP 413).")
 
 
 class TaskSandboxConfig(BaseModel):

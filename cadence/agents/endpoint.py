@@ -24,6 +24,13 @@ Routes: `/v1/chat/completions` (stream or not, `n`, `temperature`, `top_p`,
   (`tool_calls.detect_tool_format`) or `tool_format`; `tool_choice="none"`
   keeps tools in the prompt (so it renders the same) but returns plain text.
   Nothing forces a call: "required" is the model's to honour.
+- Limits (docs/agents.md, "Limits"): only requests that name the server
+  in Host, carry no foreign Origin and send JSON are served (a web page can
+  neither rebind a name to it nor post to it); a body over `max_body_mb` is
+  413; `n`, `max_tokens`, sampling parameters and token ids are bounded
+  (wire.RequestLimits), and JSON nested past `untrusted_json.MAX_DEPTH` is a
+  400. An engine that fails a request makes it a 500 naming the error; the hub
+  keeps serving the others.
 - Generation: each choice is one `await hub.generate(...)` with the run as
   affinity (its turns stay on one replica and its KV cache). The server runs
   as a task on the hub's loop (`start`), so requests are coroutines beside
@@ -41,12 +48,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cadence.agents import wire
+from cadence.agents import untrusted_json, wire
 from cadence.agents.tool_calls import (
     TOOL_FORMATS,
     detect_tool_format,
@@ -54,8 +62,13 @@ from cadence.agents.tool_calls import (
     template_messages,
 )
 from cadence.agents.trajectory import Trajectory
-from cadence.inference.hub import InferenceHub
+from cadence.http_guards import BodyLimit, HostOriginCheck, allowed_names
+from cadence.inference.hub import EngineFailed, InferenceHub
 from cadence.inference.types import GenRequest, GenResult
+
+DEFAULT_MAX_N = 16
+DEFAULT_MAX_TOKENS_LIMIT = 4096  # when neither max_tokens_limit nor max_context_tokens is set
+DEFAULT_MAX_BODY_MB = 8
 
 
 class _QuietServer(uvicorn.Server):
@@ -71,7 +84,10 @@ class AgentEndpoint:
 
     def __init__(self, hub: InferenceHub, tokenizer, model_name: str = "cadence", tool_format: str | None = "auto",
                  max_tokens: int = 256, strict: bool = True, port: int = 0,
-                 max_context_tokens: int | None = None) -> None:
+                 max_context_tokens: int | None = None, max_n: int = DEFAULT_MAX_N,
+                 max_tokens_limit: int | None = None, max_body_mb: int = DEFAULT_MAX_BODY_MB) -> None:
+        """`max_tokens`: a request's default; `max_tokens_limit` (None: `max_context_tokens`, else
+        4096), `max_n` and `max_body_mb`: what a request may ask for and send (module docstring)."""
         if tool_format == "auto":
             tool_format = detect_tool_format(getattr(tokenizer, "chat_template", None))
         if tool_format is not None and tool_format not in TOOL_FORMATS:
@@ -80,7 +96,9 @@ class AgentEndpoint:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.tool_format = tool_format
-        self.max_tokens = max_tokens
+        cap = max_tokens_limit or max_context_tokens or DEFAULT_MAX_TOKENS_LIMIT
+        self.limits = wire.RequestLimits(default_max_tokens=max_tokens, max_tokens=cap, max_n=max_n,
+                                         vocab_size=len(tokenizer))
         self.strict = strict
         self.max_context_tokens = max_context_tokens  # prompt + max_tokens must fit (None: unchecked)
         self.port = port
@@ -96,7 +114,10 @@ class AgentEndpoint:
                 Route(prefix + "/v1/completions", self._handler(self._completion), methods=["POST"]),
                 Route(prefix + "/v1/models", self._models, methods=["GET"]),
             ]
-        self.app = Starlette(routes=routes)
+        guards = [Middleware(HostOriginCheck, names=allowed_names("127.0.0.1"), what="the agent endpoint"),
+                  Middleware(BodyLimit, max_bytes=max_body_mb << 20, setting="the endpoint's max_body_mb",
+                             advice="send less history, or raise the setting")]
+        self.app = Starlette(routes=routes, middleware=guards)
 
     # -- runs -------------------------------------------------------------------
     def open_run(self, run_id: str | None = None) -> str:
@@ -163,9 +184,9 @@ class AgentEndpoint:
             try:
                 run = self._run_of(http)
                 try:
-                    body = json.loads(await http.body())
-                except json.JSONDecodeError as e:
-                    raise wire.BadRequest("body", f"the request body is not JSON: {e}") from None
+                    body = untrusted_json.loads(await http.body())
+                except ValueError as e:
+                    raise wire.BadRequest("body", f"the request body is not JSON within bounds: {e}") from None
                 if not isinstance(body, dict):
                     raise wire.BadRequest("body", "the request body must be a JSON object")
                 return await serve(body, run)
@@ -195,7 +216,7 @@ class AgentEndpoint:
         return None
 
     async def _chat(self, body: dict, run: str | None) -> Response:
-        request = wire.parse_chat(body, self.max_tokens)
+        request = wire.parse_chat(body, self.limits)
         try:
             messages = template_messages(request.messages)
             text = self.tokenizer.apply_chat_template(messages, tools=request.tools, add_generation_prompt=True,
@@ -217,7 +238,7 @@ class AgentEndpoint:
         return self._answer(request, "chat.completion", prompt_ids, results, choices)
 
     async def _completion(self, body: dict, run: str | None) -> Response:
-        request = wire.parse_completion(body, self.max_tokens)
+        request = wire.parse_completion(body, self.limits)
         prompt = request.prompt
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else prompt
         results = await self._generate(prompt_ids, request, run, None)
@@ -238,7 +259,10 @@ class AgentEndpoint:
                                   "shorten the conversation or lower max_tokens")
         stem = f"{run or 'anon'}-{uuid.uuid4().hex[:12]}"
         reqs = [GenRequest(f"{stem}-{i}", list(prompt_ids), request.params) for i in range(request.n)]
-        results = await asyncio.gather(*(self.hub.generate(r, affinity=run) for r in reqs))
+        try:
+            results = await asyncio.gather(*(self.hub.generate(r, affinity=run) for r in reqs))
+        except EngineFailed as e:
+            raise wire.BadRequest("request", f"generation failed: {e}", status=500) from None
         if any(r.finish_reason == "abort" for r in results):
             raise wire.BadRequest("request", "generation was aborted (the run is being cancelled)", status=503)
         trajectory = self.runs.get(run) if run is not None else None

@@ -13,18 +13,23 @@ Two directions:
     "llama3_json" Llama 3.1+: the whole reply is `{"name": ..., "parameters": {...}}`
                   (optionally after `<|python_tag|>`, several joined by `;`).
   `detect_tool_format` picks one from the tokenizer's chat template.
+
+The text is the model's: a call that does not parse (not JSON, nested past
+`untrusted_json.MAX_DEPTH`, no name) leaves the whole reply as plain text, and
+blocks are found with `str.find`, linear in the text (a regex with
+whitespace runs around a lazy `.*?` scanned a long reply quadratically).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
-TOOL_FORMATS = ("hermes", "llama3_json")
+from cadence.agents import untrusted_json
 
-_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TOOL_FORMATS = ("hermes", "llama3_json")
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
 def detect_tool_format(chat_template: str | None) -> str | None:
@@ -54,10 +59,11 @@ def template_messages(messages: list[dict]) -> list[dict]:
 def parse_tool_calls(text: str, tool_format: str) -> tuple[str | None, list[dict]]:
     """(content, OpenAI tool_calls) from a sampled reply; ([text], []) when it holds no call."""
     if tool_format == "hermes":
-        calls = [_openai_call(block) for block in _HERMES_BLOCK.findall(text)]
+        spans = hermes_blocks(text)
+        calls = [_openai_call(text[start + len(HERMES_OPEN):end - len(HERMES_CLOSE)]) for start, end in spans]
         if not calls or None in calls:
             return text, []
-        content = text[: text.find("<tool_call>")].strip()
+        content = text[: spans[0][0]].strip()
         return content or None, calls
     if tool_format == "llama3_json":
         body = text.strip().removeprefix("<|python_tag|>").strip()
@@ -70,11 +76,23 @@ def parse_tool_calls(text: str, tool_format: str) -> tuple[str | None, list[dict
     raise ValueError(f"tool format {tool_format!r} is not one of {TOOL_FORMATS}")
 
 
+def hermes_blocks(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each `<tool_call>...</tool_call>` block in `text`, markup included."""
+    spans, at = [], 0
+    while (start := text.find(HERMES_OPEN, at)) >= 0:
+        end = text.find(HERMES_CLOSE, start + len(HERMES_OPEN))
+        if end < 0:
+            break
+        at = end + len(HERMES_CLOSE)
+        spans.append((start, at))
+    return spans
+
+
 def _openai_call(blob: str) -> dict | None:
     """One OpenAI tool call from a JSON object with a name and arguments (or parameters)."""
     try:
-        obj = json.loads(blob)
-    except json.JSONDecodeError:
+        obj = untrusted_json.loads(blob.strip())
+    except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -91,8 +109,8 @@ def _call_for_template(call: dict) -> dict:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            function["arguments"] = json.loads(arguments)
-        except json.JSONDecodeError:
+            function["arguments"] = untrusted_json.loads(arguments)
+        except ValueError:
             pass  # the template gets the string as the agent sent it
     return {**call, "function": function}
 

@@ -7,16 +7,22 @@ client raises as `BadRequestError` with the same message.
 
 Log-probs: engines return the sampled token's log-prob only, so
 `top_logprobs` lists are empty whatever `top_logprobs` asks for.
+
+Every field is bounded where it comes in (`RequestLimits`): `n` and
+`max_tokens` by the endpoint's settings, token ids by the vocabulary,
+`temperature` to 0 (greedy) or [0.01, 2] (OpenAI's range; below 0.01 the
+logits overflow, and vLLM raises such values to 0.01), `top_p` to (0, 1].
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadence.inference.types import GenResult, SamplingParams
+from cadence.inference.types import MIN_TEMPERATURE, GenResult, SamplingParams
 
 
 class BadRequest(ValueError):
@@ -28,6 +34,19 @@ class BadRequest(ValueError):
     def body(self) -> dict:
         kind = {400: "invalid_request_error", 401: "authentication_error"}.get(self.status, "server_error")
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
+
+
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for (agent.endpoint.* settings, `cadence serve` flags)."""
+
+    default_max_tokens: int = 256  # a request that names no max_tokens
+    max_tokens: int = 4096  # a request asking more is refused
+    max_n: int = 16  # choices per request
+    vocab_size: int | None = None  # token ids of a completions prompt must be below it
 
 
 @dataclass
@@ -45,14 +64,15 @@ class Request:
     prompt: str | list[int] = ""  # completions
 
 
-def parse_chat(body: dict, max_tokens: int) -> Request:
+def parse_chat(body: dict, limits: RequestLimits) -> Request:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise BadRequest("messages", "messages must be a non-empty list of {role, content} objects")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise BadRequest("tools", "tools must be a list of {type: function, function: {...}} objects")
-    request = _common(body, max_tokens, body.get("max_completion_tokens", body.get("max_tokens")))
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    request = _common(body, limits, name)
     request.messages = messages
     request.tools = tools or None
     request.tool_choice = body.get("tool_choice") or "auto"
@@ -60,50 +80,62 @@ def parse_chat(body: dict, max_tokens: int) -> Request:
     return request
 
 
-def parse_completion(body: dict, max_tokens: int) -> Request:
+def parse_completion(body: dict, limits: RequestLimits) -> Request:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
-    ok = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt))
-    if not ok:
+    ids = isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt)
+    if not (isinstance(prompt, str) or ids):
         raise BadRequest("prompt", "prompt must be one string or one list of token ids (batches: one request each)")
+    if ids and limits.vocab_size is not None:
+        bad = next((i for i in prompt if not 0 <= i < limits.vocab_size), None)
+        if bad is not None:
+            raise BadRequest("prompt", f"token id {bad} is not in the vocabulary: ids are 0 .. {limits.vocab_size - 1}")
     if body.get("echo"):
         raise BadRequest("echo", "echo is not supported: send echo=false")
-    request = _common(body, max_tokens, body.get("max_tokens"))
+    request = _common(body, limits, "max_tokens")
     request.prompt = prompt
     request.logprobs = body.get("logprobs") is not None
     return request
 
 
-def _common(body: dict, default_max: int, max_tokens: Any) -> Request:
-    n = _number(body, "n", 1, int)
-    if n < 1:
-        raise BadRequest("n", f"n must be >= 1, got {n}")
+def _common(body: dict, limits: RequestLimits, max_tokens_field: str) -> Request:
+    n = _number(body, "n", 1, int, 1, limits.max_n, "max_n")
+    max_tokens = _number(body, max_tokens_field, limits.default_max_tokens, int, 1, limits.max_tokens,
+                         "max_tokens_limit")
+    temperature = _number(body, "temperature", 1.0, float, 0.0, MAX_TEMPERATURE)
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise BadRequest("temperature", f"temperature {temperature!r} is below {MIN_TEMPERATURE} (the logits would "
+                         "overflow): send 0 for greedy, or at least 0.01")
+    top_p = _number(body, "top_p", 1.0, float, 0.0, 1.0)
+    if top_p == 0:
+        raise BadRequest("top_p", "top_p must be in (0, 1], got 0")
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("stop", "stop must be a non-empty string or a list of them")
-    try:
-        params = SamplingParams(
-            max_new_tokens=default_max if max_tokens is None else int(max_tokens),
-            temperature=_number(body, "temperature", 1.0, float),
-            top_p=_number(body, "top_p", 1.0, float),
-            stop=stop,
-        )
-    except ValueError as e:
-        field_name = str(e).split()[0].replace("max_new_tokens", "max_tokens")
-        raise BadRequest(field_name, str(e).replace("max_new_tokens", "max_tokens")) from None
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop)
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options", "stream_options must be an object, e.g. {\"include_usage\": true}")
     return Request(params=params, n=n, stream=bool(body.get("stream")),
                    include_usage=bool(options.get("include_usage")))
 
 
-def _number(body: dict, name: str, default: float, kind: type) -> Any:
+def _number(body: dict, name: str, default: float, kind: type, low: float, high: float,
+            setting: str | None = None) -> Any:
+    """Field `name` of `body` as `kind`, in [low, high]; a 400 naming the field (and the setting
+    that sets `high`) otherwise."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BadRequest(name, f"{name} must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise BadRequest(name, f"{name} must be a whole number, got {value!r}")
+    if not low <= value <= high:
+        cap = f" (the endpoint's {setting} setting)" if setting else ""
+        raise BadRequest(name, f"{name} must be in [{low:g}, {high:g}]{cap}, got {value!r}")
     return kind(value)
 
 

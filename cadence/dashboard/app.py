@@ -27,14 +27,15 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from pydantic_core import to_json
 
-from cadence.dashboard.hosts import HOSTS_ENV, allowed_names, host_allowed
 from cadence.dashboard.matching import MATCH_TIMEOUT_S, MatchError
 from cadence.dashboard.rhythm import RhythmReader
 from cadence.dashboard.runs import RunIndex, RunReader
 from cadence.dashboard.sandboxes import SandboxService
+from cadence.http_guards import allowed_names, host_allowed
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "cadence_dashboard_token"
+HOSTS_ENV = "CADENCE_DASHBOARD_HOSTS"  # more names the dashboard answers to, comma-separated
 
 
 def plotly_js() -> Path:
@@ -53,9 +54,10 @@ def sse_json(value: Any) -> str:
 def create_app(runs_dir: Path, sandboxes: list[SandboxService] | None = None, token: str | None = None,
                poll_s: float = 1.0, hosts: set[str] | None = None,
                match_timeout_s: float = MATCH_TIMEOUT_S) -> FastAPI:
-    """`hosts`: the names a request's Host header may carry (default: loopback's, see hosts.py)."""
+    """`hosts`: the names a request's Host header may carry (default: loopback's, see
+    cadence/http_guards.py)."""
     index = RunIndex(Path(runs_dir))
-    hosts = allowed_names("127.0.0.1") if hosts is None else hosts
+    hosts = allowed_names("127.0.0.1", env=HOSTS_ENV) if hosts is None else hosts
     services = sandboxes or []
     rhythm = RhythmReader()
     app = FastAPI(title="cadence dashboard", docs_url=None, redoc_url=None, openapi_url=None)

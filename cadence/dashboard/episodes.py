@@ -19,16 +19,18 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cadence.agents.tool_calls import parse_tool_calls
+from cadence.agents.tool_calls import hermes_blocks, parse_tool_calls
 
 ENV_ERRORS_FILE = "env_errors.log"
 # The formats tried when a run's config does not name one (`auto`: the endpoint chose from the tokenizer).
 ALL_FORMATS = ("hermes", "llama3_json")
 _CONFIG_FORMATS = {"hermes": ("hermes",), "llama3": ("llama3_json",), "none": ()}
-_HERMES_BLOCK = re.compile(r"<tool_call>\s*.*?\s*</tool_call>", re.DOTALL)
-# The first line of each report in env_errors.log: "environment X: an episode (seed 3) was lost: raised during step: ..."
-_REPORT = re.compile(r"^(?:environment|agent) .*?: (?:an episode|a run) \((?:seed|task) .*?\) was lost: "
-                     r"(\w+ during \w+): ", re.MULTILINE)
+# The first line of each report in env_errors.log: "environment X: an episode (seed 3) was lost: raised during step: ...".
+# Found with str.find and patterns anchored at one place, linear in the line: the line holds the
+# model's text, and a regex with two `.*?` took seconds (holding the GIL) on a crafted 110 KB line.
+_WHO = re.compile(r": (?:an episode|a run) \((?:seed|task) ")
+_LOST_AT = ") was lost: "
+_KIND = re.compile(r"(\w+ during \w+): ")
 _LOST_METRIC = re.compile(r"^(?:rollout/episodes_lost_(\w+)_total|agent/runs_lost_total)$")
 
 
@@ -67,7 +69,7 @@ def _split_calls(turn: dict[str, Any], formats: tuple[str, ...]) -> list[dict[st
             break
     else:
         return [turn]
-    spans = [m.span() for m in _HERMES_BLOCK.finditer(text)] if fmt == "hermes" else [(text.find(text.strip()), len(text))]
+    spans = hermes_blocks(text) if fmt == "hermes" else [(text.find(text.strip()), len(text))]
     if len(spans) != len(calls):  # one llama3 reply holding several calls: its tokens go with the first
         spans += [(len(text), len(text))] * (len(calls) - len(spans))
     starts = [0]  # each token's first character
@@ -89,6 +91,19 @@ def _split_calls(turn: dict[str, Any], formats: tuple[str, ...]) -> list[dict[st
     return pieces
 
 
+def _report_starts(text: str) -> list[tuple[int, str]]:
+    """(offset, kind) of each report's first line in an env_errors.log."""
+    found, at = [], 0
+    for line in text.split("\n"):  # not splitlines: a report starts after a newline only
+        if line.startswith(("environment ", "agent ")):
+            lost = line.find(_LOST_AT)
+            kind = _KIND.match(line, lost + len(_LOST_AT)) if lost >= 0 and _WHO.search(line, 0, lost) else None
+            if kind:
+                found.append((at, kind.group(1)))
+        at += len(line) + 1
+    return found
+
+
 def lost_episodes(run_dir: Path, last_row: dict[str, Any]) -> dict[str, Any] | None:
     """The episodes (or agent runs) a run lost: how many of each kind (from the metrics) and the
     first report of each kind, message and traceback (from env_errors.log); None when none was."""
@@ -96,9 +111,9 @@ def lost_episodes(run_dir: Path, last_row: dict[str, Any]) -> dict[str, Any] | N
         text = (run_dir / ENV_ERRORS_FILE).read_text(errors="replace")[:200000]
     except OSError:
         text = ""
-    found = list(_REPORT.finditer(text))
-    ends = [m.start() for m in found[1:]] + [len(text)]
-    reports = [{"kind": m.group(1), "text": text[m.start():end].strip()} for m, end in zip(found, ends, strict=False)]
+    found = _report_starts(text)
+    ends = [start for start, _ in found[1:]] + [len(text)]
+    reports = [{"kind": kind, "text": text[start:end].strip()} for (start, kind), end in zip(found, ends, strict=False)]
     if text.strip() and not reports:  # a log in some other shape: shown whole
         reports = [{"kind": "lost", "text": text.strip()}]
     lost = {}

@@ -1,6 +1,6 @@
 """Serve the dashboard with uvicorn: 127.0.0.1 by default; bound anywhere else, it asks for
 an access token (generated at start and printed in the address). Either way it answers only
-requests whose Host header is one of its names (hosts.py)."""
+requests whose Host header is one of its names (cadence/http_guards.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from cadence.dashboard.hosts import LOOPBACK_NAMES, allowed_names
+from cadence.http_guards import LOOPBACK_NAMES, allowed_names
 from cadence.ports import free_port
 
 DEFAULT_PORT = 8484
@@ -27,13 +27,13 @@ def serve(runs: str = "runs", host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     """`allow_hosts`: more names the page may be opened by (a DNS name of this machine, a proxy's)."""
     import uvicorn
 
-    from cadence.dashboard.app import create_app
+    from cadence.dashboard.app import HOSTS_ENV, create_app
     from cadence.dashboard.sandboxes import SandboxService
 
     if host not in LOOPBACK_NAMES and not token:
         token = secrets.token_urlsafe(24)
     services = [SandboxService(url, sandbox_token) for url in sandbox or []]
-    app = create_app(Path(runs), services, token=token, poll_s=poll_s, hosts=allowed_names(host, allow_hosts))
+    app = create_app(Path(runs), services, token=token, poll_s=poll_s, hosts=allowed_names(host, allow_hosts, HOSTS_ENV))
     address = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     print(f"cadence dashboard on {address} (runs under {Path(runs).resolve()})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

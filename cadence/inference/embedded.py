@@ -97,6 +97,7 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
+        self.vocab_size = model.get_input_embeddings().num_embeddings  # prompt ids must be below it
         self.pad_id = first_int(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
         self.eos_ids = eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
@@ -128,6 +129,10 @@ class EmbeddedEngine:
         """Queue a request; it is prefilled and joins the batch at the next step."""
         if not req.prompt_ids:
             raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        if not 0 <= min(req.prompt_ids) <= max(req.prompt_ids) < self.vocab_size:
+            bad = next(i for i in req.prompt_ids if not 0 <= i < self.vocab_size)
+            raise ValueError(f"request {req.request_id!r}: token id {bad} is not in the model's vocabulary "
+                             f"(0 .. {self.vocab_size - 1})")
         if self._find(req.request_id) is not None:
             raise ValueError(f"request id {req.request_id!r} is already in flight")
         self._waiting.append(req)

@@ -33,12 +33,19 @@ step, and its caller resumes the moment its last token is out.
   is in flight (`swap_next_round()` makes the next round swap regardless).
 - Abort: `abort(request_id)` ends a request at the next round; its caller
   gets the partial result with finish_reason "abort".
+- Failures: an engine that refuses a request (`add_request` raises) fails
+  that request; one whose `step` raises fails every request on that replica
+  (the step does not say which one broke it), which it is told to abort. Their
+  callers get `EngineFailed`; the error is logged, and the hub keeps serving.
+  An exception that escaped instead would end `serve()` and leave every
+  caller waiting for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +56,11 @@ from torch import Tensor
 from cadence.inference.types import GenRequest, GenResult, InferenceEngine
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class EngineFailed(RuntimeError):
+    """The engine raised while it held this request (see the module docstring, Failures)."""
 
 
 @dataclass
@@ -83,6 +95,7 @@ class InferenceHub:
         self._work_loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0
         self.aborted = 0
+        self.failed = 0  # requests failed by an engine's exception
 
     # -- what callers use ---------------------------------------------------
     @property
@@ -196,13 +209,23 @@ class InferenceHub:
         if not busy:
             return False
         if self.parallel and len(busy) > 1:
-            rounds = await asyncio.gather(*(asyncio.to_thread(r.engine.step) for r in busy))
+            rounds = await asyncio.gather(*(asyncio.to_thread(r.engine.step) for r in busy), return_exceptions=True)
         else:
-            rounds = [r.engine.step() for r in busy]
-        for results in rounds:
+            rounds = [self._step(r) for r in busy]
+        for replica, results in zip(busy, rounds, strict=True):
+            if isinstance(results, BaseException):
+                self._fail_replica(replica, results)
+                continue
             for result in results:
                 self._resolve(result)
         return True
+
+    @staticmethod
+    def _step(replica: _Replica) -> list[GenResult] | Exception:
+        try:
+            return replica.engine.step()
+        except Exception as e:  # contained: _fail_replica
+            return e
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Pump until `stop` is set; sleep (no polling) while there is nothing to do."""
@@ -249,7 +272,11 @@ class InferenceHub:
 
     def _hand_over(self, replica: _Replica) -> None:
         for req in replica.to_add:
-            replica.engine.add_request(req)
+            try:
+                replica.engine.add_request(req)
+            except Exception as e:
+                log.warning("the engine refused request %s: %s: %s", req.request_id, type(e).__name__, e)
+                self._fail(req.request_id, EngineFailed(f"the engine refused the request: {type(e).__name__}: {e}"))
         replica.to_add.clear()
         for request_id in replica.to_abort:
             result = replica.engine.abort(request_id)
@@ -263,14 +290,37 @@ class InferenceHub:
         replica.to_forget.clear()
 
     def _resolve(self, result: GenResult) -> None:
-        future = self._futures.pop(result.request_id, None)
-        replica = self._where.pop(result.request_id, None)
-        if replica is not None:
-            replica.owned.discard(result.request_id)
+        future = self._settle(result.request_id)
         if result.finish_reason == "abort":
             self.aborted += 1
         if future is not None and not future.done():
             future.set_result(result)
+
+    def _fail(self, request_id: str, error: EngineFailed) -> None:
+        future = self._settle(request_id)
+        self.failed += 1
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _settle(self, request_id: str) -> asyncio.Future[GenResult] | None:
+        """The request's future, no longer in flight anywhere."""
+        replica = self._where.pop(request_id, None)
+        if replica is not None:
+            replica.owned.discard(request_id)
+        return self._futures.pop(request_id, None)
+
+    def _fail_replica(self, replica: _Replica, error: BaseException) -> None:
+        """A step raised: every request on the replica fails, and the engine drops them."""
+        index = self.replicas.index(replica)
+        log.error("engine replica %d failed a step; its %d requests fail", index, len(replica.owned),
+                  exc_info=error)
+        failure = EngineFailed(f"engine replica {index} failed: {type(error).__name__}: {error}")
+        for request_id in sorted(replica.owned):
+            try:
+                replica.engine.abort(request_id)
+            except Exception:
+                log.exception("engine replica %d could not drop request %s", index, request_id)
+            self._fail(request_id, failure)
 
     def _wake(self) -> None:
         if self._work is not None:

@@ -24,12 +24,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from cadence.http_guards import BodyLimit
 from cadence.sandbox.auth import (
     ADMIN,
     DEFAULT_MAX_BODY_MB,
     AdminOnly,
     BearerAuth,
-    BodyLimit,
     Clients,
     owner_filter,
     write_token,
@@ -104,7 +104,8 @@ def create_app(pool: Pool, token: str | Clients, close_pool_at_shutdown: bool = 
 
     app = FastAPI(title="cadence sandbox service", version="1", lifespan=lifespan)
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_mb << 20)
+    app.add_middleware(BodyLimit, max_bytes=max_body_mb << 20, setting="the service's --max-body-mb",
+                       advice="send large files in parts")
     app.add_middleware(BearerAuth, clients=clients)  # the outer one: 401 before anything is read
 
     @app.exception_handler(RequestValidationError)

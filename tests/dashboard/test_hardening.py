@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cadence.dashboard.app import create_app
-from cadence.dashboard.hosts import allowed_names, host_allowed
 from cadence.dashboard.matching import MAX_PATTERN
+from cadence.http_guards import allowed_names, host_allowed
 from cadence.train.resume import record_changes
 from tests.dashboard.conftest import write_run
 from tests.dashboard.serving import local_client, serving, sse_events
@@ -170,6 +170,6 @@ def test_runs_list_shows_the_resumed_target_and_the_env(runs_root: Path) -> None
 @pytest.mark.parametrize("header,expected", [("127.0.0.1:8484", ("127.0.0.1", 8484)), ("[::1]:80", ("::1", 80)),
                                              ("LocalHost", ("localhost", None)), ("h:x", ("h", -1))])
 def test_split_host(header: str, expected: tuple) -> None:
-    from cadence.dashboard.hosts import split_host
+    from cadence.http_guards import split_host
 
     assert split_host(header) == expected
