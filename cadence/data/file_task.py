@@ -27,7 +27,7 @@ import numpy as np
 
 from cadence.data.config import TaskConfig
 from cadence.data.fields import DataFileError, Layout, read_prompt, resolve_layout
-from cadence.data.sources import RowFile, find_files, open_file
+from cadence.data.sources import RowFile, by_part, find_files, open_file
 from cadence.data.tasks import Extract, Prompt, Split, check_split, stable_hash
 from cadence.data.text_keys import file_keys
 
@@ -49,13 +49,9 @@ class RowSet:
 
     def prompts(self, rows: Sequence[int] | np.ndarray) -> list[Prompt]:
         """The prompts of `rows` (indices into this set), in that order, each file read once."""
-        rows = np.asarray(rows, dtype=np.int64)
-        which = np.searchsorted(self.starts, rows, side="right") - 1
         out: list[Prompt] = [None] * len(rows)  # type: ignore[list-item]
-        for f in np.unique(which):
+        for f, picks, local in by_part(self.starts, rows):
             file, layout = self.files[f], self.layouts[f]
-            picks = np.flatnonzero(which == f)
-            local = (rows[picks] - self.starts[f]).tolist()
             for i, row, record in zip(picks, local, file.take(local), strict=True):
                 out[i] = read_prompt(record, layout, file.where(row), file.row_id(row))
         return out
