@@ -263,14 +263,19 @@ class AgentProducer:
         hidden = self.grader.hidden() if self.grader is not None else ()
         async with group.run() as sandbox:
             returned, trajectory = await self._play(sandbox.task(row, hidden), label)
-            after = await sandbox.snapshot() if self.grader is not None else None
+            try:
+                after = await sandbox.snapshot() if self.grader is not None else None
+            except SandboxError as exc:  # its sandbox died under it: lost (and replayed), not scored 0
+                self._lost(EnvFailure("raised", "run", f"task sandbox: {exc}"), label, played=True)  # type: ignore[arg-type]
+                raise AgentLost(f"task sandbox: {exc}") from exc
         if self.grader is None or after is None:
             return returned, trajectory
         # Graded after the run's sandbox is gone: nothing it left running reaches the grading.
         try:
             report = await self.grader.grade(group, row, self.grader.changes(row, group.pristine, after))
         except Exception as exc:  # a row the grader cannot use (no hidden tests): said once, loud
-            self._lost(EnvFailure("raised", "run", f"grading: {type(exc).__name__}: {exc}"), label)  # type: ignore[arg-type]
+            self._lost(EnvFailure("raised", "run", f"grading: {type(exc).__name__}: {exc}"), label,  # type: ignore[arg-type]
+                       played=True)
             raise AgentLost(f"grading: {exc}") from exc
         reward = self.grader.score(report)
         self.returned.append(returned)
@@ -318,8 +323,9 @@ class AgentProducer:
         self.counts["runs_played"] += 1
         return reward, trajectory
 
-    def _lost(self, failure: EnvFailure, label: int | str) -> None:
-        self.counts["runs_played"] += 1
+    def _lost(self, failure: EnvFailure, label: int | str, played: bool = False) -> None:
+        """`played`: the run was counted as played already (it failed after its agent returned)."""
+        self.counts["runs_played"] += not played
         self.counts["runs_lost"] += 1
         if self.first_failure is None:
             self.first_failure = failure.traceback or failure.message

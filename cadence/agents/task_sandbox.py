@@ -35,10 +35,11 @@ from typing import Any
 from cadence.agents.config import TaskSandboxConfig
 from cadence.sandbox import workspace
 from cadence.sandbox.auth import Clients
-from cadence.sandbox.models import ExecRequest, ExecResult, SandboxError
+from cadence.sandbox.models import ExecRequest, ExecResult, SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool, PoolConfig, PoolFull
 
 POOL_FULL_WAIT_S = 0.05  # between tries of an acquire while max_size sandboxes are leased
+FORK_TRIES = 3  # spares that died under a run before its workspace was copied in
 
 # Keys a run's task gets for its sandbox (and so keys a task row must not have).
 SANDBOX_KEYS = ("sandbox", "sandbox_url", "sandbox_token")
@@ -55,6 +56,7 @@ class TaskSandbox:
 
     def __init__(self, pool: Pool, sandbox_id: str, url: str | None = None, token: str | None = None) -> None:
         self.pool, self.id, self.url, self.token = pool, sandbox_id, url, token
+        self.generation = pool.get(sandbox_id).generation  # a replacement (it died) has the next
 
     def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, timeout_s: float | None = None,
              stdin: str = "", env: dict[str, str] | None = None, session: bool = False) -> ExecResult:
@@ -100,7 +102,10 @@ class TaskSandbox:
                 "sandbox": self, "sandbox_url": self.url, "sandbox_token": self.token}
 
     async def snapshot(self) -> bytes:
-        """The workspace now, as a tar (every process of the sandbox stopped while it is read)."""
+        """The workspace now, as a tar (every process of the sandbox stopped while it is read);
+        SandboxDied if the sandbox died during the run (its replacement holds none of its work)."""
+        if self.pool.get(self.id).generation != self.generation:
+            raise SandboxDied(f"sandbox {self.id} died during the run and was replaced: the run's work is gone")
         return await asyncio.to_thread(workspace.snapshot, self.pool.box(self.id))
 
 
@@ -208,14 +213,21 @@ class TaskGroup:
         return self.sandboxes.pool
 
     async def fork(self, owner: str | None = None) -> str:
-        """A sandbox holding a copy of the prepared workspace (a warm spare, then the copy)."""
-        sandbox_id = await self.sandboxes.acquire(self.template, owner)
-        try:
-            await asyncio.to_thread(workspace.copy_workspace, self.pool.box(self.base), self.pool.box(sandbox_id))
-        except BaseException:
-            await self.sandboxes.release(sandbox_id)
-            raise
-        return sandbox_id
+        """A sandbox holding a copy of the prepared workspace (a warm spare, then the copy). A
+        spare that died meanwhile is given back and another taken (FORK_TRIES in all)."""
+        for tries in range(1, FORK_TRIES + 1):
+            sandbox_id = await self.sandboxes.acquire(self.template, owner)
+            try:
+                await asyncio.to_thread(workspace.copy_workspace, self.pool.box(self.base), self.pool.box(sandbox_id))
+                return sandbox_id
+            except SandboxError:
+                await self.sandboxes.release(sandbox_id)
+                if tries == FORK_TRIES or not self.pool.box(self.base).alive:  # the prepared state itself is gone
+                    raise
+            except BaseException:
+                await self.sandboxes.release(sandbox_id)
+                raise
+        raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[TaskSandbox]:

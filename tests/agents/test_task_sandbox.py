@@ -16,6 +16,7 @@ from cadence.agents.grader import Grader
 from cadence.agents.producer import AgentProducer
 from cadence.agents.task_sandbox import TaskSandboxes
 from cadence.inference.hub import InferenceHub
+from cadence.sandbox.models import SandboxDied
 from cadence.sandbox.pool import UnknownSandbox
 from tests.agents.repo_task import FIX_COMMAND, FIXED, make_repo, needs_sandbox, task_row
 from tests.agents.scripted import ScriptedEngine, tool_tokenizer
@@ -189,3 +190,36 @@ def test_a_bash_tool_through_the_handle_is_graded_by_the_hidden_tests(tmp_path):
     assert [s.reward for s in solved.samples] == [1.0, 1.0] and [s.reward for s in unsolvable.samples] == [0.0, 0.0]
     assert metrics["agent/grader_graded_total"] == 4 and metrics["agent/returned_reward_mean"] == 0.0
     assert metrics["agent/sandboxes_acquired_total"] == metrics["agent/sandboxes_released_total"] == 2 + 4 + 4
+
+
+def test_a_run_whose_sandbox_dies_is_replayed_not_scored(tmp_path):
+    row = task_row(make_repo(tmp_path / "repo"))
+    killed = []
+
+    async def agent(client, task):
+        sandbox = task["sandbox"]
+        await client.chat.completions.create(model="cadence", messages=[{"role": "user", "content": "hi"}])
+        await sandbox.aexec(FIX_COMMAND)
+        if not killed:  # a sandbox fault: its process dies under the run (the pool replaces it)
+            killed.append(sandbox.id)
+            sandbox.pool.box(sandbox.id).proc.kill()
+            with pytest.raises(SandboxDied):
+                await sandbox.aexec("ls")
+        return 0.0
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, http=False))
+        producer, hub = producer_for(agent, [row], sandboxes, grader=Grader(GraderConfig()))
+
+        async def one_group():
+            return await producer.play(producer.next_key(), 0), producer.counts.copy(), dict(sandboxes.counts)
+
+        try:
+            return await hub.serving(one_group())
+        finally:
+            await producer.cancel()
+
+    group, counts, acquired = asyncio.run(main())
+    assert [s.reward for s in group.samples] == [1.0, 1.0]  # the replayed run and the other, both graded
+    assert counts["runs_lost"] == 1 and counts["runs_retried"] == 1 and counts["runs_played"] == 3
+    assert acquired["acquired"] == acquired["released"]
