@@ -227,6 +227,8 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
     endpoint = AgentEndpoint(
         hub, tokenizer, model_name=agent.endpoint.model_name, tool_format=agent.tool_format,
         max_tokens=ro.max_new_tokens, max_context_tokens=agent.endpoint.max_context_tokens or _context_budget(cfg, policy),
+        max_n=agent.endpoint.max_n, max_tokens_limit=agent.endpoint.max_tokens_limit,
+        max_body_mb=agent.endpoint.max_body_mb,
     )
     tasks, eval_tasks = agent_tasks(cfg, index, workers)
     return AgentProducer(

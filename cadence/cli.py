@@ -319,13 +319,20 @@ def serve_(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Default max_tokens of a request.")] = 256,
     max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Sequences decoded together.")] = 32,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    max_n: Annotated[int, typer.Option("--max-n", min=1, help="Choices one request may ask for (n).")] = 16,
+    max_tokens_limit: Annotated[
+        int | None, typer.Option("--max-tokens-limit", min=1, help="The largest max_tokens a request may ask for "
+                                 "(default: the model's context).")
+    ] = None,
+    max_body_mb: Annotated[int, typer.Option("--max-body-mb", min=1, help="Larger request bodies get 413.")] = 8,
 ) -> None:
     """Serve a checkpoint on an OpenAI-compatible endpoint (agents' evaluation and debugging)."""
     from cadence.agents.serve import serve_model
 
     _quiet_library_bars()
     try:
-        serve_model(model, port, tool_format, max_tokens, max_batch_size, seed, announce=typer.echo)
+        serve_model(model, port, tool_format, max_tokens, max_batch_size, seed, announce=typer.echo, max_n=max_n,
+                    max_tokens_limit=max_tokens_limit, max_body_mb=max_body_mb)
     except ConfigError as err:
         _fail(err)
 

@@ -14,8 +14,10 @@ from cadence.yaml_config import ConfigError
 
 
 def serve_model(model_path: str, port: int, tool_format: str, max_tokens: int, max_batch_size: int, seed: int,
-                announce: Callable[[str], None] = print) -> None:
-    """Load `model_path` and serve it until interrupted; `announce` gets the base_url line."""
+                announce: Callable[[str], None] = print, max_n: int = 16, max_tokens_limit: int | None = None,
+                max_body_mb: int = 8) -> None:
+    """Load `model_path` and serve it until interrupted; `announce` gets the base_url line. `max_n`,
+    `max_tokens_limit` and `max_body_mb` bound each request (docs/agents.md, "Limits")."""
     from cadence.agents.config import TOOL_FORMAT_NAMES
     from cadence.agents.endpoint import AgentEndpoint
     from cadence.inference.build import build_engine
@@ -34,7 +36,8 @@ def serve_model(model_path: str, port: int, tool_format: str, max_tokens: int, m
     hub = InferenceHub([engine])
     endpoint = AgentEndpoint(hub, tokenizer, model_name=model_path, max_tokens=max_tokens, strict=False, port=port,
                              tool_format="auto" if tool_format == "auto" else TOOL_FORMAT_NAMES[tool_format],
-                             max_context_tokens=getattr(policy.config, "max_position_embeddings", None))
+                             max_context_tokens=getattr(policy.config, "max_position_embeddings", None),
+                             max_n=max_n, max_tokens_limit=max_tokens_limit, max_body_mb=max_body_mb)
 
     async def main() -> None:
         await endpoint.start()
