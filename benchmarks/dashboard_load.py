@@ -192,6 +192,7 @@ def overhead(steps: int) -> dict:
             trace.batch(step, step - 1, groups)
             trace.syncing(step)
             trace.stepped(step)
+            trace.logged(step)
         per_step = (time.perf_counter() - t0) / n
         trace.close()
     from harness import train_run

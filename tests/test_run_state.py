@@ -205,6 +205,11 @@ def test_step_report_measures_the_batch_and_counts_the_run(tmp_path):
     assert run.counters == Counters(samples=14, tokens=112) and metrics["progress/samples_total"] == 14.0
     assert metrics["perf/tokens_per_s"] == pytest.approx(12 * metrics["perf/samples_per_s"] / 4)
     assert metrics["time/step"] >= metrics["time/weight_sync"] >= 0 and "rollout/reward_errors_total" in metrics
+    report.waiting(2)
+    report.batch(2, 1, [_group([1.0], [2])])
+    report.syncing(2)
+    report.stepped(2, [_group([1.0], [2])], {})
+    assert report.trace.status.step == 1  # what a Ctrl-C now reports: step 2's metrics are not written yet
     assert report.close() >= 0
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1] and logged[0]["reward/mean"] == 0.75
@@ -217,7 +222,7 @@ def test_a_resumed_report_starts_after_its_step_and_logs_eval_before_only_at_the
     fresh.close()
     assert json.loads((tmp_path / "a" / "metrics.jsonl").read_text())["eval/pass@1"] == 0.5  # at step 0
     resumed = _report(tmp_path / "b", FakeWorkers(), RunState(step=4, eval_before=before))
-    assert list(resumed.steps()) == [5, 6]
+    assert list(resumed.steps()) == [5, 6] and resumed.trace.status.step == 4
     resumed.close()
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == ""
 

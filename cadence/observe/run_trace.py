@@ -51,8 +51,13 @@ class RunTrace:
             self.timeline.flush()
 
     def stepped(self, step: int) -> None:
-        self.status.beat(step)
+        """Trained and synced: the step's metrics come next."""
         self.timeline.enter("logging", step)
+
+    def logged(self, step: int) -> None:
+        """The step's metrics are written: the heartbeat names it as the last step (what a
+        Ctrl-C reports)."""
+        self.status.beat(step)
 
     def close(self) -> None:
         self.timeline.close()

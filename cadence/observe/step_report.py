@@ -75,7 +75,7 @@ class StepReport:
                                     wandb=cfg.wandb, mlflow=cfg.mlflow, name=cfg.name)
         if run.step == 0 and run.eval_before is not None:
             self.logger.log(0, run.eval_before.as_metrics())  # step 0: the policy before any update
-        status.beat(run.step)
+        status.beat(run.step)  # the last step logged, until the next is
         self.trace = RunTrace(run_dir, cfg, tokenizer, alpha, status, run.step)
         self.flat_rewards = FlatRewardWatch()  # warns if the first steps' groups all have equal rewards
         self.progress = cfg.progress
@@ -135,6 +135,7 @@ class StepReport:
         if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
             self.reward_errors.review(self.workers.reward_report(), step)
         self.logger.log(step, metrics)
+        self.trace.logged(step)
         self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
 
     def close(self) -> float:

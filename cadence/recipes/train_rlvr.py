@@ -86,7 +86,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
             "versions old are trained as if fresh (mismatch.mode=auto or an off-policy loss corrects them)"
         )
     workers = None
-    status = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows; its step is the last one trained
+    status = RunStatus(run_dir)  # status.json: what `cadence dashboard` shows; its step is the last one logged
     status.start()
     dashboard = start_beside(cfg.logging.dashboard_port, run_dir) if cfg.logging.dashboard else None
     try:
