@@ -119,6 +119,9 @@ class FileTask:
         self._train, self._train_rows = train, train_rows
         self._test, self._test_rows = test, test_rows
         self._orders: dict[tuple[int, int], np.ndarray] = {}
+        # (seed, the longest train draw so far): a run asks for the first n prompts again with
+        # n one block (3,200) longer each time, so only the new ones are read from the files.
+        self._drawn: tuple[int, list[Prompt]] = (seed, [])
 
     @classmethod
     def from_config(cls, cfg: TaskConfig) -> FileTask:
@@ -146,20 +149,24 @@ class FileTask:
         seed = self.seed if seed is None else seed
         if split == "test":
             return [with_suffix(p, self.prompt_suffix, p.id) for p in self._test.prompts(self._test_rows[:n])]
-        if n <= 0:
+        drawn = self._drawn[1] if self._drawn[0] == seed else []
+        if len(drawn) < n:
+            drawn = drawn + self._draw(seed, len(drawn), n)
+            self._drawn = (seed, drawn)
+        return drawn[:n]
+
+    def _draw(self, seed: int, start: int, stop: int) -> list[Prompt]:
+        """Positions [start, stop) of the endless train stream: epoch after reshuffled epoch."""
+        if stop <= start:
             return []
-        positions: list[np.ndarray] = []
-        epochs: list[int] = []
-        epoch = 0
-        while len(epochs) < n:
-            drawn = self._order(seed, epoch)[: n - len(epochs)]
-            positions.append(drawn)
-            epochs += [epoch] * len(drawn)
-            epoch += 1
-        prompts = self._train.prompts(self._train_rows[np.concatenate(positions)])
+        size = len(self._train_rows)
+        first, last = start // size, (stop - 1) // size
+        orders = np.concatenate([self._order(seed, epoch) for epoch in range(first, last + 1)])
+        positions = np.arange(start, stop)
+        prompts = self._train.prompts(self._train_rows[orders[positions - first * size]])
         return [
-            with_suffix(p, self.prompt_suffix, p.id if e == 0 else f"{p.id}@{e}")
-            for p, e in zip(prompts, epochs, strict=True)
+            with_suffix(p, self.prompt_suffix, p.id if epoch == 0 else f"{p.id}@{epoch}")
+            for p, epoch in zip(prompts, (positions // size).tolist(), strict=True)
         ]
 
 

@@ -175,3 +175,13 @@ def test_the_bulk_check_and_the_row_by_row_check_agree(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
     with pytest.raises(DataFileError, match=r"bad.parquet row 4501: field 'prompt' is an empty prompt"):
         task(tmp_path, train_file=str(tmp_path / "bad.parquet"))
+
+
+def test_growing_train_draws_read_only_the_new_rows_and_match_a_fresh_draw(tmp_path):
+    train = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": i} for i in range(50)])
+    fresh = task(tmp_path, train_file=train).prompts("train", 400)
+    t = task(tmp_path, train_file=train)
+    for n in (10, 45, 46, 200, 400):  # as a run draws block after block
+        assert t.prompts("train", n) == fresh[:n]
+    assert [p.id.count("@") for p in fresh[44:46]] == [0, 1]  # 45 train rows: epoch 1 starts
+    assert t.prompts("train", 10, seed=1) != fresh[:10] and t.prompts("train", 400) == fresh
