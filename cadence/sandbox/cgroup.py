@@ -6,15 +6,16 @@ rlimits are per process: without a cgroup, a sandbox can hold `processes x memor
 process that forks before its RLIMIT_CPU runs out hands a fresh CPU count to its child. With a
 cgroup, the kernel holds the sandbox to `memory_mb` in all (its OOM killer ends the largest
 process of that sandbox only: the agent, being small, survives; a call whose process was killed
-so reports `limit="memory"`) and to `cpus` cores whatever it forks.
+so reports `limit="memory"`) and to `cpus` cores whatever it forks. The freezer stops the whole
+sandbox while the host reads or writes its workspace (workspace.py).
 
 Supported:
 - cgroup v1 with the memory controller, when this process's own memory cgroup is writable (on
   these machines, a firecracker VM as root, it is); the cpu controller (`cpu.cfs_quota_us`) and
-  cpuacct (CPU time) are added where they are writable too.
+  cpuacct (CPU time) and the freezer are added where they are writable too.
 - cgroup v2, when this process's own cgroup is writable and delegates the memory controller to
   its children (`cgroup.subtree_control`: a systemd `Delegate=yes` unit, or a container's
-  namespace root); `cpu.max` where it delegates cpu too.
+  namespace root); `cpu.max` where it delegates cpu too; `cgroup.freeze` (every v2 cgroup has it).
 Elsewhere (no root, no delegation) `available()` is False: sandboxes fall back to rlimits, and
 the pool measures a sandbox's CPU from /proc instead (`tree_cpu_s`).
 """
@@ -27,6 +28,7 @@ import signal
 import time
 
 PREFIX = "cadence-sandbox-"
+FREEZE_TIMEOUT_S = 5.0  # a system call in progress (a long read) finishes well within this
 STALE_S = 60.0  # an empty sandbox cgroup older than this was left by a crashed service
 CPU_PERIOD_US = 100_000  # the CFS period the quota is a share of (the kernel's default)
 
@@ -35,12 +37,12 @@ V1_FILES = {
     "memory.limit": ("memory", "memory.limit_in_bytes"), "memory.now": ("memory", "memory.usage_in_bytes"),
     "procs": ("memory", "cgroup.procs"), "cpu.quota": ("cpu", "cpu.cfs_quota_us"),
     "cpu.period": ("cpu", "cpu.cfs_period_us"), "cpu.usage": ("cpuacct", "cpuacct.usage"),
-    "oom": ("memory", "memory.oom_control"),
+    "oom": ("memory", "memory.oom_control"), "freeze": ("freezer", "freezer.state"),
 }
 V2_FILES = {
     "memory.limit": ("memory", "memory.max"), "memory.now": ("memory", "memory.current"),
     "procs": ("memory", "cgroup.procs"), "cpu.max": ("cpu", "cpu.max"), "cpu.stat": ("cpu", "cpu.stat"),
-    "oom": ("memory", "memory.events"),
+    "oom": ("memory", "memory.events"), "freeze": ("memory", "cgroup.freeze"), "events": ("memory", "cgroup.events"),
 }
 
 
@@ -83,7 +85,7 @@ def _v1_parents(mounts: list[tuple[str, str, str]], own: dict[str, str]) -> dict
             for opt in opts.split(","):
                 by_controller.setdefault(opt, where)
     out = {}
-    for controller in ("memory", "cpu", "cpuacct"):
+    for controller in ("memory", "cpu", "cpuacct", "freezer"):
         if controller in by_controller and controller in own:
             parent = os.path.join(by_controller[controller], own[controller].lstrip("/"))
             if _writable_dir(parent):
@@ -125,6 +127,10 @@ def available() -> bool:
 def cpu_quota_available() -> bool:
     """Whether sandboxes get a CPU quota (`cpus`) here."""
     return "cpu" in _layout()[1]
+
+
+class CgroupError(OSError):
+    """A cgroup operation the kernel did not complete (the message says which)."""
 
 
 class SandboxCgroup:
@@ -220,6 +226,32 @@ class SandboxCgroup:
             if key == "oom_kill":
                 return int(value)
         return 0
+
+    def can_freeze(self) -> bool:
+        return self._path("freeze") is not None
+
+    def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
+        """Freeze every process of the sandbox and return once the kernel reports all of them
+        frozen (v2: `cgroup.events` says `frozen 1`; v1: `freezer.state` reads FROZEN, not
+        FREEZING). Unlike SIGSTOP, nothing inside can undo it (a SIGCONT does not thaw a cgroup)
+        and a process forked meanwhile is born frozen. A process stuck in a long system call
+        freezes when it returns; past `timeout_s` the sandbox is thawed and CgroupError raised."""
+        v2 = self.version == 2
+        self._write("freeze", 1 if v2 else "FROZEN")
+        deadline, pause = time.monotonic() + timeout_s, 0.0002
+        while True:
+            state = self._read("events" if v2 else "freeze") or ""
+            if ("frozen 1" in state.splitlines()) if v2 else state.strip() == "FROZEN":
+                return
+            if time.monotonic() > deadline:
+                self.thaw()
+                raise CgroupError(f"the sandbox's processes did not freeze within {timeout_s:g} s "
+                                  f"(cgroup {self.dirs.get(self.files['freeze'][0])!r} still {state.split()!r})")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    def thaw(self) -> None:
+        self._write("freeze", 0 if self.version == 2 else "THAWED")
 
     def kill_all(self) -> None:
         for pid in (self._read("procs") or "").split():

@@ -14,6 +14,7 @@ Formats read: `docker save` (manifest.json naming layer.tar files) and the OCI i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -26,6 +27,8 @@ from contextlib import contextmanager
 from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from cadence.sandbox.fdtree import O_DIR, is_folder, lmode, make_dir, open_dir, remove
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -83,94 +86,126 @@ def _parts(name: str, what: str) -> list[str]:
     return parts
 
 
-def _parent(root: str, parts: list[str], name: str, create: bool = True) -> str | None:
-    """The host folder holding `parts[-1]`: every component below the root a real folder (made
-    when missing), never a symlink. None when it does not exist and `create` is False."""
-    path = root
-    for part in parts[:-1]:
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            if not create:
+def _parent(root: int, parts: list[str], name: str, create: bool = True) -> int | None:
+    """An fd of the folder holding `parts[-1]`, walked from the folder fd `root` one component at
+    a time, each a real folder (made when missing), never a symlink: no path is resolved twice,
+    so nothing can be swapped between a check and its use. None when it does not exist and
+    `create` is False. The caller closes it."""
+    fd = os.dup(root)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                below = make_dir(part, fd) if create else open_dir(part, fd)
+            except FileNotFoundError:
+                os.close(fd)
                 return None
-            os.mkdir(path, 0o755)
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            raise LayerError(f"entry {name!r}: goes through the symlink {os.path.relpath(path, root)!r}, refused "
-                             "(a link could lead out of the root)")
-        if not stat.S_ISDIR(st.st_mode):
-            raise LayerError(f"entry {name!r}: {os.path.relpath(path, root)!r} is not a folder")
-    return path
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                where = "/".join(parts[:i + 1])
+                if stat.S_ISLNK(lmode(part, fd)):  # for the message only: nothing was opened through it
+                    raise LayerError(f"entry {name!r}: goes through the symlink {where!r}, refused "
+                                     "(a link could lead out of the root)") from e
+                raise LayerError(f"entry {name!r}: {where!r} is not a folder") from e
+            os.close(fd)
+            fd = below
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
+def _whiteout_target(base: str, name: str) -> str:
+    """The entry a whiteout `.wh.NAME` removes: one name of its own folder, like any component."""
+    target = base[len(WHITEOUT):]
+    if target in ("", ".", ".."):
+        raise LayerError(f"whiteout {name!r}: removes {target!r}, refused (a whiteout removes one entry of its "
+                         "own folder)")
+    return target
 
 
-def apply_layer(root: str, layer: IO[bytes], uid: int | None = None, gid: int | None = None,
+def apply_layer(root: str | int, layer: IO[bytes], uid: int | None = None, gid: int | None = None,
                 budget: Budget | None = None) -> None:
-    """Apply one tar layer (plain or gzip, read as a stream) to the folder `root`. `uid`/`gid`:
-    the owner of what it creates (None: whoever runs this); `budget`: the entries and bytes
-    it may still use (None: not counted)."""
+    """Apply one tar layer (plain or gzip, read as a stream) to the folder `root` (a path, or an
+    open folder fd: every entry is then reached from its folder's fd, never through a path
+    resolved again). `uid`/`gid`: the owner of what it creates (None: whoever runs this);
+    `budget`: the entries and bytes it may still use (None: not counted)."""
+    root_fd = os.open(root, O_DIR) if isinstance(root, str) else os.dup(root)
     added: set[str] = set()  # entries of this layer: an opaque marker hides the lower layers' only
-    with tarfile.open(fileobj=layer, mode="r|*") as tar:
-        for member in tar:
-            if budget is not None:
-                budget.entry(member.name)
-            parts = _parts(member.name, "entry")
-            if not parts:
-                continue
-            folder = _parent(root, parts, member.name)
-            base, target = parts[-1], os.path.join(folder, parts[-1])
-            rel = "/".join(parts)
-            if base == OPAQUE:
-                if rel in added:  # once per folder and layer: a marker repeated N times was N listings of it
+    try:
+        with tarfile.open(fileobj=layer, mode="r|*") as tar:
+            for member in tar:
+                if budget is not None:
+                    budget.entry(member.name)
+                parts = _parts(member.name, "entry")
+                if not parts:
                     continue
-                added.add(rel)
-                for child in os.listdir(folder):
-                    if "/".join([*parts[:-1], child]) not in added:
-                        _remove(os.path.join(folder, child))
-                continue
-            if base.startswith(WHITEOUT):
-                _remove(os.path.join(folder, base[len(WHITEOUT):]))
-                continue
-            if not (member.isdir() and os.path.isdir(target) and not os.path.islink(target)):
-                _remove(target)
-            mode = member.mode & 0o1777  # no setuid/setgid
-            if member.isdir():
-                os.makedirs(target, exist_ok=True)
-                os.chmod(target, mode | 0o700)
-            elif member.isreg():
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    if budget is None:
-                        shutil.copyfileobj(tar.extractfile(member), out, 1 << 20)
-                    else:  # a sparse member or a gzip bomb expands here, so count what is written
-                        budget.copy(member.name, tar.extractfile(member), out)
-                os.chmod(target, mode)
-            elif member.issym():
-                link = member.linkname
-                if not link.startswith("/") and os.path.normpath(os.path.join(os.path.dirname(rel), link)).startswith(".."):
-                    raise LayerError(f"symlink {member.name!r} -> {link!r}: points out of the root, refused")
-                os.symlink(link, target)
-            elif member.islnk():
-                src_parts = _parts(member.linkname, f"hard link {member.name!r} ->")
-                src_folder = _parent(root, src_parts, member.name, create=False)
-                src = os.path.join(src_folder, src_parts[-1]) if src_folder and src_parts else None
-                if src is None or not os.path.lexists(src):
-                    raise LayerError(f"hard link {member.name!r} -> {member.linkname!r}: no such entry in the root")
-                os.link(src, target, follow_symlinks=False)
-            else:
-                continue  # devices and fifos: nothing a template needs
-            added.add(rel)
-            if uid is not None:
-                os.chown(target, uid, gid if gid is not None else uid, follow_symlinks=False)
-            if not member.issym():
-                os.utime(target, (member.mtime, member.mtime), follow_symlinks=False)
+                folder = _parent(root_fd, parts, member.name)
+                try:
+                    if _apply_entry(tar, member, root_fd, folder, parts, added, budget):
+                        added.add("/".join(parts))
+                        if uid is not None:
+                            os.chown(parts[-1], uid, gid if gid is not None else uid, dir_fd=folder,
+                                     follow_symlinks=False)
+                        if not member.issym():
+                            os.utime(parts[-1], (member.mtime, member.mtime), dir_fd=folder, follow_symlinks=False)
+                finally:
+                    os.close(folder)
+    finally:
+        os.close(root_fd)
+
+
+def _apply_entry(tar: tarfile.TarFile, member: tarfile.TarInfo, root: int, folder: int, parts: list[str],
+                 added: set[str], budget: Budget | None) -> bool:
+    """Apply one entry in the folder fd `folder`; False when it adds nothing (a whiteout, an
+    opaque marker, a device or fifo)."""
+    base, rel = parts[-1], "/".join(parts)
+    if base == OPAQUE:
+        if rel in added:  # once per folder and layer: a marker repeated N times was N listings of it
+            return False
+        added.add(rel)
+        for child in os.listdir(folder):
+            if "/".join([*parts[:-1], child]) not in added:
+                remove(child, folder)
+        return False
+    if base.startswith(WHITEOUT):
+        remove(_whiteout_target(base, member.name), folder)
+        return False
+    if not (member.isdir() and is_folder(base, folder)):
+        remove(base, folder)
+    mode = member.mode & 0o1777  # no setuid/setgid
+    if member.isdir():
+        fd = make_dir(base, folder)
+        os.fchmod(fd, mode | 0o700)
+        os.close(fd)
+    elif member.isreg():
+        fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        with os.fdopen(fd, "wb") as out:
+            if budget is None:
+                shutil.copyfileobj(tar.extractfile(member), out, 1 << 20)
+            else:  # a sparse member or a gzip bomb expands here, so count what is written
+                budget.copy(member.name, tar.extractfile(member), out)
+            os.fchmod(fd, mode)
+    elif member.issym():
+        link = member.linkname
+        if not link.startswith("/") and os.path.normpath(os.path.join(os.path.dirname(rel), link)).startswith(".."):
+            raise LayerError(f"symlink {member.name!r} -> {link!r}: points out of the root, refused")
+        os.symlink(link, base, dir_fd=folder)
+    elif member.islnk():
+        src_parts = _parts(member.linkname, f"hard link {member.name!r} ->")
+        src_folder = _parent(root, src_parts, member.name, create=False) if src_parts else None
+        try:
+            if src_folder is None:
+                raise FileNotFoundError
+            os.link(src_parts[-1], base, src_dir_fd=src_folder, dst_dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError as e:
+            raise LayerError(f"hard link {member.name!r} -> {member.linkname!r}: no such entry in the root") from e
+        finally:
+            if src_folder is not None:
+                os.close(src_folder)
+    else:
+        return False  # devices and fifos: nothing a template needs
+    return True
 
 
 class _Archive:

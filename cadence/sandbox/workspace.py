@@ -3,11 +3,15 @@ fork it into other sandboxes (a GRPO group of episodes starting from one prepare
 
 The host reaches the workspace (a tmpfs in the sandbox's mount namespace) through
 /proc/<agent pid>/root/workspace, which needs root (the agent is non-dumpable); unisolated, it is
-the host folder itself. While it is read or written, every process of the sandbox is stopped
-(SIGSTOP), so nothing inside can swap a folder for a symlink under the host's feet, and a fork
-copies one consistent state. Nothing is followed: symlinks are copied as links, and a seed never
-writes through one (template_layers.py). The host writes as the sandbox's uid (setfsuid: the
-tmpfs belongs to the sandbox's user namespace, where the host's root has no uid).
+the host folder itself. The code inside may change the tree while the host works on it, so:
+- the sandbox is frozen meanwhile (the cgroup freezer, verified frozen; SIGSTOP where the sandbox
+  has no cgroup, which its code can defeat), so a fork copies one consistent state;
+- and, whether or not freezing held, no path is trusted between check and use (fdtree.py): the
+  tree is walked from directory fds, one component at a time, never through a symlink; an entry
+  is pinned, fstat'ed, then opened as itself; symlinks are copied as links;
+- files are read as their owner and written as the workspace's (setfsuid: a sandbox's uid, not
+  root; the tmpfs belongs to the sandbox's user namespace), so a root-only host file stays
+  unreadable even if a link were followed.
 
 A fork copies: each workspace is a tmpfs of its own (so `disk_mb` and the memory cgroup hold),
 and tmpfs has no reflinks and no hard links across file systems; the copy is in-kernel
@@ -16,7 +20,7 @@ and tmpfs has no reflinks and no hard links across file systems; the copy is in-
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import io
 import os
 import signal
@@ -24,12 +28,26 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
-from cadence.sandbox.cgroup import _children
+from cadence.sandbox.cgroup import CgroupError, _children
+from cadence.sandbox.fdtree import (
+    O_DIR,
+    entries,
+    is_folder,
+    make_dir,
+    owned_by,
+    read_link,
+    remove,
+    reopen,
+)
 from cadence.sandbox.isolation import WORKSPACE
 from cadence.sandbox.models import SandboxError
 from cadence.sandbox.sandbox import LocalSandbox
-from cadence.sandbox.template_layers import LayerError, _parent, _parts, _remove, apply_layer
+from cadence.sandbox.template_layers import LayerError, _parent, _parts, apply_layer
+
+CHUNK = 1 << 20  # bytes a snapshot reads and writes at a time
+NOBODY = 65534  # the ids a root-owned workspace entry (foreign: no sandbox has the host's root) is read as
 
 
 def host_path(box: LocalSandbox) -> str:
@@ -44,89 +62,188 @@ def host_path(box: LocalSandbox) -> str:
     return f"/proc/{box.agent_host_pid()}/root{WORKSPACE}"
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-@contextmanager
-def as_owner(folder: str) -> Iterator[None]:
-    """File system calls of this thread act as the owner of `folder` meanwhile (setfsuid/setfsgid:
-    per thread), so what they create is theirs and in their user namespace."""
-    st = os.stat(folder)
-    old_gid, old_uid = _libc.setfsgid(st.st_gid), _libc.setfsuid(st.st_uid)
-    try:
-        yield
-    finally:
-        _libc.setfsuid(old_uid)
-        _libc.setfsgid(old_gid)
-
-
 @contextmanager
 def stopped(box: LocalSandbox) -> Iterator[None]:
-    """Every process of the sandbox stopped (SIGSTOP) meanwhile, and continued after; its calls
-    wait (the sandbox's lock)."""
+    """Every process of the sandbox frozen meanwhile, and thawed after; its calls wait (the
+    sandbox's lock). The cgroup freezer where the sandbox has one; SIGSTOP otherwise."""
     with box._lock:
-        seen: set[int] = set()
+        cgroup = box.cgroup
+        if cgroup is None or not cgroup.can_freeze():
+            with _sigstopped(box):
+                yield
+            return
         try:
-            while True:  # again until no new process appears (one may be forking)
-                todo, new = [box.proc.pid], []
-                while todo:
-                    pid = todo.pop()
-                    todo += _children(pid)
-                    if pid not in seen:
-                        new.append(pid)
-                if not new:
-                    break
-                for pid in new:
-                    try:
-                        os.kill(pid, signal.SIGSTOP)
-                    except OSError:
-                        pass
-                seen.update(new)
+            cgroup.freeze()
+        except CgroupError as e:
+            raise SandboxError(f"sandbox {box.id}: {e}") from e
+        try:
             yield
         finally:
-            for pid in seen:
+            try:
+                cgroup.thaw()
+            except FileNotFoundError:  # stopped meanwhile (a health check): nothing left to thaw
+                pass
+
+
+@contextmanager
+def _sigstopped(box: LocalSandbox) -> Iterator[None]:
+    """SIGSTOP to every process of the sandbox, SIGCONT after. Code inside can defeat it (a timer
+    sending itself SIGCONT), so it only narrows the window: fdtree's walking is what holds."""
+    seen: set[int] = set()
+    try:
+        while True:  # again until no new process appears (one may be forking)
+            todo, new = [box.proc.pid], []
+            while todo:
+                pid = todo.pop()
+                todo += _children(pid)
+                if pid not in seen:
+                    new.append(pid)
+            if not new:
+                break
+            for pid in new:
                 try:
-                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGSTOP)
                 except OSError:
                     pass
+            seen.update(new)
+        yield
+    finally:
+        for pid in seen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
+@contextmanager
+def _workspace_fd(box: LocalSandbox) -> Iterator[int]:
+    """The workspace folder's fd (the folder itself, not a symlink in its place)."""
+    fd = os.open(host_path(box), O_DIR)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def seed(box: LocalSandbox, files: dict[str, bytes | str] | None = None, tar: bytes | str | None = None) -> None:
     """Put `files` (relative path -> content) and/or a tar (bytes, or a host path) in the workspace."""
-    ws = host_path(box)
     data = open(tar, "rb").read() if isinstance(tar, str) else tar
-    with stopped(box), as_owner(ws):
+    with stopped(box), _workspace_fd(box) as ws, owned_by(ws):
         try:
             if data is not None:
                 apply_layer(ws, io.BytesIO(data))
             for name, content in (files or {}).items():
-                parts = _parts(name, "file")
-                folder = _parent(ws, parts, name)
-                path = os.path.join(folder, parts[-1])
-                if os.path.islink(path) or os.path.isdir(path):
-                    raise LayerError(f"file {name!r}: a link or folder is there already")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(content.encode() if isinstance(content, str) else content)
+                _write_file(ws, name, content.encode() if isinstance(content, str) else content)
         except LayerError as e:
             raise SandboxError(f"seed: {e}") from e
 
 
-def snapshot(box: LocalSandbox) -> bytes:
-    """The workspace as a tar (symlinks as links, nothing followed)."""
-    ws = host_path(box)
+def _write_file(ws: int, name: str, content: bytes) -> None:
+    parts = _parts(name, "file")
+    folder = _parent(ws, parts, name)
+    try:
+        # O_NONBLOCK: a fifo there fails (ENXIO) instead of waiting for a reader.
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644,
+                     dir_fd=folder)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise LayerError(f"file {name!r}: a link, folder or fifo is there already") from e
+        raise
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "wb") as out:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LayerError(f"file {name!r}: something other than a file is there already")
+        os.set_blocking(fd, True)
+        out.truncate(0)
+        out.write(content)
+
+
+def snapshot(box: LocalSandbox, max_bytes: int | None = None) -> bytes:
+    """The workspace as a tar (symlinks as links, nothing followed; fifos and sockets left out).
+    `max_bytes`: the most the tar may hold (default: twice the sandbox's `disk_mb`); past it,
+    SandboxError. A sparse file counts at its full size (the tar holds its zeros)."""
     buf = io.BytesIO()
-    with stopped(box), tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in sorted(os.listdir(ws)):
-            tar.add(os.path.join(ws, name), arcname=name)  # tarfile.add lstat()s: links stay links
+    snapshot_to(box, buf, max_bytes)
     return buf.getvalue()
+
+
+def snapshot_to(box: LocalSandbox, out: IO[bytes], max_bytes: int | None = None) -> None:
+    """`snapshot`, streamed into the writable binary file `out` (a chunk at a time)."""
+    cap = _Capped(out, max_bytes if max_bytes is not None else 2 * box.limits.disk_mb << 20)
+    with stopped(box), _workspace_fd(box) as ws, tarfile.open(fileobj=cap, mode="w", copybufsize=CHUNK) as tar:
+        _tar_tree(tar, cap, ws, "", os.fstat(ws).st_dev)
+
+
+class _Capped(io.RawIOBase):
+    """A writable file that refuses to grow past `max_bytes` (SandboxError naming the setting)."""
+
+    def __init__(self, out: IO[bytes], max_bytes: int) -> None:
+        self.out, self.max_bytes, self.written = out, max_bytes, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def reserve(self, n: int, what: str) -> None:
+        if self.written + n > self.max_bytes:
+            raise SandboxError(f"snapshot: {what} would take the tar past max_bytes={self.max_bytes} "
+                               f"({self.written} bytes so far; a sparse file counts at its full size): "
+                               "pass a larger max_bytes, or make the workspace smaller")
+
+    def write(self, data: bytes) -> int:
+        self.reserve(len(data), "the next entry")
+        self.written += len(data)
+        return self.out.write(data)
+
+
+def _tar_tree(tar: tarfile.TarFile, cap: _Capped, folder: int, prefix: str, dev: int) -> None:
+    for name, pinned, st in entries(folder, dev):
+        info = tarfile.TarInfo(prefix + name)
+        info.mode, info.uid, info.gid, info.mtime = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, int(st.st_mtime)
+        if stat.S_ISREG(st.st_mode):
+            info.size = st.st_size
+            cap.reserve(info.size + 2 * tarfile.BLOCKSIZE, repr(info.name))  # before reading any of it
+            with os.fdopen(_reopen(pinned, info.name), "rb") as f:
+                tar.addfile(info, _Exactly(f, info.size))
+        elif stat.S_ISLNK(st.st_mode):
+            info.type, info.linkname = tarfile.SYMTYPE, read_link(pinned)
+            tar.addfile(info)
+        elif stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+            sub = _reopen(pinned, info.name, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                _tar_tree(tar, cap, sub, info.name + "/", dev)
+            finally:
+                os.close(sub)
+        # fifos, sockets: a running process's, not a state to keep
+
+
+class _Exactly(io.RawIOBase):
+    """`size` bytes of `f`, a chunk at a time: cut there if it grew, zeros if it shrank (the tar
+    header already says `size`)."""
+
+    def __init__(self, f: IO[bytes], size: int) -> None:
+        self.f, self.left = f, size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left, CHUNK)
+        data = self.f.read(n) or b""
+        data += bytes(n - len(data))
+        self.left -= n
+        return data
 
 
 def copy_workspace(src: LocalSandbox, dst: LocalSandbox) -> None:
     """Copy `src`'s workspace into `dst`'s (both running); what `dst` has under the same names is replaced."""
-    a, b = host_path(src), host_path(dst)
-    with stopped(src), stopped(dst):
-        _copy_tree(a, b, b)
+    with stopped(src), stopped(dst), _workspace_fd(src) as a, _workspace_fd(dst) as b, owned_by(b):
+        _copy_tree(a, b, os.fstat(a).st_dev)
 
 
 def fork(box: LocalSandbox, into: LocalSandbox | None = None) -> LocalSandbox:
@@ -143,35 +260,45 @@ def fork(box: LocalSandbox, into: LocalSandbox | None = None) -> LocalSandbox:
     return new
 
 
-def _copy_tree(src: str, dst: str, owner: str) -> None:
-    """Read as the host (the source may hold files only their owner reads), write as `owner`'s
-    owner (the destination's workspace folder)."""
-    for entry in os.scandir(src):
-        s, d = entry.path, os.path.join(dst, entry.name)
-        st = entry.stat(follow_symlinks=False)
+def _copy_tree(src: int, dst: int, dev: int, prefix: str = "") -> None:
+    """Copy the folder `src` into the folder `dst` (fds). Each source entry is read as its owner;
+    what is written belongs to whoever this thread acts as (the destination workspace's owner)."""
+    for name, pinned, st in entries(src, dev):
         mode = stat.S_IMODE(st.st_mode) & 0o1777
         if stat.S_ISREG(st.st_mode):
-            with open(s, "rb") as f, as_owner(owner):
-                _remove_unless_folder(d, False)
-                fd = os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            remove(name, dst)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dst)
+            try:
+                source = _reopen(pinned, prefix + name)
                 try:
                     offset = 0
-                    while sent := os.sendfile(fd, f.fileno(), offset, 1 << 30):  # in the kernel
+                    while sent := os.sendfile(fd, source, offset, 1 << 30):  # in the kernel
                         offset += sent
                 finally:
-                    os.close(fd)
+                    os.close(source)
+            finally:
+                os.close(fd)
         elif stat.S_ISLNK(st.st_mode):
-            with as_owner(owner):
-                _remove_unless_folder(d, False)
-                os.symlink(os.readlink(s), d)
+            remove(name, dst)
+            os.symlink(read_link(pinned), name, dir_fd=dst)
         elif stat.S_ISDIR(st.st_mode):
-            with as_owner(owner):
-                _remove_unless_folder(d, True)
-                os.makedirs(d, mode | 0o700, exist_ok=True)
-            _copy_tree(s, d, owner)
+            if not is_folder(name, dst):
+                remove(name, dst)
+            sub_src = _reopen(pinned, prefix + name, os.O_RDONLY | os.O_DIRECTORY)
+            sub_dst = make_dir(name, dst, mode | 0o700)
+            try:
+                _copy_tree(sub_src, sub_dst, dev, prefix + name + "/")
+            finally:
+                os.close(sub_src)
+                os.close(sub_dst)
         # fifos, sockets: a running process's, not a state to copy
 
 
-def _remove_unless_folder(path: str, keep_folder: bool) -> None:
-    if os.path.lexists(path) and not (keep_folder and os.path.isdir(path) and not os.path.islink(path)):
-        _remove(path)
+def _reopen(pinned: int, name: str, flags: int = os.O_RDONLY) -> int:
+    """`fdtree.reopen` for the workspace entry `name`; a root-owned one is read as `nobody`."""
+    try:
+        return reopen(pinned, flags, (NOBODY, NOBODY))
+    except PermissionError as e:
+        raise SandboxError(f"workspace entry {name!r}: its owner may not read it (mode "
+                           f"{stat.S_IMODE(os.fstat(pinned).st_mode):o}; the host reads a workspace as the "
+                           "sandbox's uid): make it readable by its owner first") from e
