@@ -344,6 +344,17 @@ class NotPlain(TypeError):
     """A test used a value the solution returned that is not plain data as if it were."""
 
 
+class SolutionRaised(RuntimeError):
+    """The solution raised an exception that means control flow, not an error, where the test
+    would see it (StopIteration ends a `map` silently): the test gets this failure instead."""
+
+
+# Re-raised in the test's frame as what they are: everything the solution may raise that is an
+# error (ValueError, KeyError, ...). Never these: inside map/filter/zip/starmap or an `async for`
+# they end the iteration silently, so `all(map(f, cases))` would pass with nothing checked.
+CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
+
+
 class TestTimeout(BaseException):
     """A test ran past test_timeout_s (SIGALRM): in its own code, or waiting in a system call."""
 
@@ -453,10 +464,13 @@ def value_of(worker: Worker, req: list, reply: list | None = None):
             return [from_worker(worker, x) for x in reply[1]]
         return from_worker(worker, reply[1])
     if reply[0] == "raise":
-        cls = getattr(builtins, str(reply[1]), None)
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            raise cls(str(reply[2]))
-        raise Abort(f"the solution raised {reply[1]}")  # SystemExit, KeyboardInterrupt: a failure
+        name = str(reply[1])
+        cls = getattr(builtins, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise Abort(f"the solution raised {name}")  # SystemExit, KeyboardInterrupt, GeneratorExit: a failure
+        if name in CONTROL_FLOW:
+            raise SolutionRaised(f"the solution raised {name}: {str(reply[2])[:300]}")
+        raise cls(str(reply[2])[:300])
     raise Abort(f"an answer the judge does not know: {reply[0]!r}")
 
 
