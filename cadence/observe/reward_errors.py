@@ -27,6 +27,19 @@ BROKEN_FRACTION = 0.9  # failed / scored at or above this is "nearly every rewar
 MIN_SCORED = 8  # judge no fraction on fewer responses than this
 
 SIGNATURE = "fn(prompt, response) -> float, prompt.text / prompt.answer / prompt.meta"
+# A failure's message and traceback can hold the model's text (an exception naming the response):
+# what goes to the logs is cut to these, so a crafted response cannot fill them, nor hold up
+# whatever reads them back (the dashboard).
+MAX_MESSAGE_CHARS = 1000
+MAX_TRACEBACK_CHARS = 20000
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its start and end around a note of how much was cut when it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ... [{len(text) - 2 * half} characters cut] ... {text[-half:]}"
 
 
 class RewardFunctionError(ConfigError):
@@ -86,11 +99,11 @@ def reward_broken(report: dict[str, Any], when: str, log: Path | None = None) ->
 def describe_failure(kind: str, first: dict[str, Any], step: int) -> str:
     """A readable block: what failed, on what input, and the reward function's traceback."""
     lines = [
-        f"reward function failure ({kind}, first seen by step {step}): {first.get('message')}",
+        f"reward function failure ({kind}, first seen by step {step}): {clip(str(first.get('message')), MAX_MESSAGE_CHARS)}",
         f"  prompt:   {first.get('prompt')!r}",
         f"  response: {first.get('response')!r}",
     ]
     if first.get("traceback"):
-        lines.append("  " + first["traceback"].rstrip().replace("\n", "\n  "))
+        lines.append("  " + clip(first["traceback"].rstrip(), MAX_TRACEBACK_CHARS).replace("\n", "\n  "))
     lines.append("  (the response scored 0.0; later failures of this kind are only counted)")
     return "\n".join(lines)

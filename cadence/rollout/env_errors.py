@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from cadence.envs.runner import EnvFailure
+from cadence.observe.reward_errors import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, clip
 from cadence.yaml_config import ConfigError
 
 BROKEN_FRACTION = 0.9  # lost / played at or above this, before any group completed, is "broken"
@@ -54,9 +55,10 @@ class EnvErrorReport:
         if key in self.first:
             return
         self.first[key] = failure
-        text = f"{self.what} {self.env_name}: {self.one} ({self.key} {seed}) was lost: {key}: {failure.message}\n"
+        message = clip(failure.message, MAX_MESSAGE_CHARS)  # it can quote the model's action
+        text = f"{self.what} {self.env_name}: {self.one} ({self.key} {seed}) was lost: {key}: {message}\n"
         if failure.traceback:
-            text += failure.traceback if failure.traceback.endswith("\n") else failure.traceback + "\n"
+            text += clip(failure.traceback.rstrip("\n"), MAX_TRACEBACK_CHARS) + "\n"
         if self.echo:
             print(text, end="", file=sys.stderr, flush=True)
         if self.log is not None:
