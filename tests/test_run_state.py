@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,7 @@ def test_evaluator_is_due_every_n_steps_and_after_the_last():
 
 def test_evaluator_before_during_and_after(capsys):
     workers = FakeWorkers()
+    began = time.perf_counter()
     ev = Evaluator(EvalConfig(every=2, samples=4), 4, workers, "held-out pass@1")
     assert ev.before().pass_at_1 == 0.25
     assert "held-out pass@1 before training: 0.250" in capsys.readouterr().out
@@ -158,7 +160,7 @@ def test_evaluator_before_during_and_after(capsys):
     assert metrics["eval/pass@1"] == 0.25 and metrics["eval/pass@4"] == 0.5 and metrics["time/eval"] >= 0
     assert ev.final is None  # not the last step
     ev.run(4)
-    assert ev.after() is ev.final is not None and ev.seconds > 0
+    assert ev.after() is ev.final is not None and 0 < ev.seconds <= time.perf_counter() - began
     assert [c for c in workers.calls if c[0] == "evaluate"] == [("evaluate", 4)] * 3  # after() reused step 4's
 
     resumed_at_end = Evaluator(EvalConfig(before=False), 4, workers, "held-out pass@1")
@@ -194,6 +196,7 @@ def _step(report: StepReport, step: int, groups: list[Group], extra: dict | None
 def test_step_report_measures_the_batch_and_counts_the_run(tmp_path):
     run = RunState(step=0, counters=Counters(samples=10, tokens=100))
     report = _report(tmp_path, FakeWorkers(), run)
+    began = time.perf_counter()
     assert list(report.steps()) == [1, 2, 3, 4, 5, 6]
     metrics = _step(report, 1, [_group([1.0, 0.0], [2, 4]), _group([1.0, 1.0], [3, 3])])
     assert metrics["train/loss"] == 0.5
@@ -205,12 +208,13 @@ def test_step_report_measures_the_batch_and_counts_the_run(tmp_path):
     assert run.counters == Counters(samples=14, tokens=112) and metrics["progress/samples_total"] == 14.0
     assert metrics["perf/tokens_per_s"] == pytest.approx(12 * metrics["perf/samples_per_s"] / 4)
     assert metrics["time/step"] >= metrics["time/weight_sync"] >= 0 and "rollout/reward_errors_total" in metrics
+    assert 0 <= metrics["time/trainer_idle"] <= metrics["time/step"]
     report.waiting(2)
     report.batch(2, 1, [_group([1.0], [2])])
     report.syncing(2)
     report.stepped(2, [_group([1.0], [2])], {})
     assert report.trace.status.step == 1  # what a Ctrl-C now reports: step 2's metrics are not written yet
-    assert report.close() >= 0
+    assert 0 <= report.close() <= time.perf_counter() - began
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1] and logged[0]["reward/mean"] == 0.75
 
