@@ -54,7 +54,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cadence.agents import untrusted_json, wire
+from cadence.agents import messages_api, responses_api, untrusted_json, wire
 from cadence.agents.tool_calls import (
     TOOL_FORMATS,
     detect_tool_format,
@@ -113,6 +113,9 @@ class AgentEndpoint:
                 Route(prefix + "/v1/chat/completions", self._handler(self._chat), methods=["POST"]),
                 Route(prefix + "/v1/completions", self._handler(self._completion), methods=["POST"]),
                 Route(prefix + "/v1/models", self._models, methods=["GET"]),
+                Route(prefix + "/v1/responses", self._handler(self._responses), methods=["POST"]),
+                Route(prefix + "/v1/messages", self._handler(self._messages, messages_api.error_body),
+                      methods=["POST"]),
             ]
         guards = [Middleware(HostOriginCheck, names=allowed_names("127.0.0.1"), what="the agent endpoint"),
                   Middleware(BodyLimit, max_bytes=max_body_mb << 20, setting="the endpoint's max_body_mb",
@@ -178,7 +181,8 @@ class AgentEndpoint:
         self._server = self._task = None
 
     # -- routes -----------------------------------------------------------------
-    def _handler(self, serve: Callable[[dict, str | None], Awaitable[Response]]):
+    def _handler(self, serve: Callable[[dict, str | None], Awaitable[Response]],
+                 error_body: Callable[[wire.BadRequest], dict] = wire.BadRequest.body):
         async def handle(http: HttpRequest) -> Response:
             self.counts["requests"] += 1
             try:
@@ -192,7 +196,7 @@ class AgentEndpoint:
                 return await serve(body, run)
             except wire.BadRequest as e:
                 self.counts["errors"] += 1
-                return JSONResponse(e.body(), status_code=e.status)
+                return JSONResponse(error_body(e), status_code=e.status)
             except ClientDisconnect:  # the run was cancelled while it sent (a stop, a stale group)
                 self.counts["disconnected"] += 1
                 return Response(status_code=499)  # nobody reads it; uvicorn drops it quietly
@@ -206,7 +210,7 @@ class AgentEndpoint:
         run = http.path_params.get("run")
         if run is None:
             auth = http.headers.get("authorization", "")
-            run = auth.removeprefix("Bearer ").strip() or None
+            run = auth.removeprefix("Bearer ").strip() or http.headers.get("x-api-key") or None  # OpenAI, Anthropic
         if run in self.runs:
             return run
         if self.strict:
@@ -217,6 +221,32 @@ class AgentEndpoint:
 
     async def _chat(self, body: dict, run: str | None) -> Response:
         request = wire.parse_chat(body, self.limits)
+        prompt_ids, results, replies = await self._sample_chat(request, run)
+        choices = []
+        for index, (result, (content, calls)) in enumerate(zip(results, replies, strict=True)):
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": index, "message": message, "finish_reason": wire.finish_reason(result, calls),
+                      "logprobs": wire.chat_logprobs(self._tokens(result), result) if request.logprobs else None}
+            choices.append(choice)
+        return self._answer(request, "chat.completion", prompt_ids, results, choices)
+
+    async def _responses(self, body: dict, run: str | None) -> Response:
+        request = responses_api.parse(body, self.limits)
+        prompt_ids, [result], [reply] = await self._sample_chat(request, run)
+        return responses_api.answer(request, self.model_name, prompt_ids, result, reply)
+
+    async def _messages(self, body: dict, run: str | None) -> Response:
+        request = messages_api.parse(body, self.limits)
+        prompt_ids, [result], [reply] = await self._sample_chat(request, run)
+        sampled = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)  # before a stop string cut it
+        return messages_api.answer(request, self.model_name, prompt_ids, result, reply, sampled)
+
+    async def _sample_chat(self, request: wire.Request, run: str | None
+                           ) -> tuple[list[int], list[GenResult], list[tuple[str | None, list[dict]]]]:
+        """The chat path every protocol shares: render the messages, sample `request.n` replies,
+        parse each into (content, OpenAI tool_calls)."""
         try:
             messages = template_messages(request.messages)
             text = self.tokenizer.apply_chat_template(messages, tools=request.tools, add_generation_prompt=True,
@@ -226,16 +256,8 @@ class AgentEndpoint:
         prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
         results = await self._generate(prompt_ids, request, run, request.messages)
         parse = self.tool_format if request.tools and request.tool_choice != "none" else None
-        choices = []
-        for index, result in enumerate(results):
-            content, calls = parse_tool_calls(result.text, parse) if parse else (result.text, [])
-            message = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": index, "message": message, "finish_reason": wire.finish_reason(result, calls),
-                      "logprobs": wire.chat_logprobs(self._tokens(result), result) if request.logprobs else None}
-            choices.append(choice)
-        return self._answer(request, "chat.completion", prompt_ids, results, choices)
+        replies = [parse_tool_calls(r.text, parse) if parse else (r.text, []) for r in results]
+        return prompt_ids, results, replies
 
     async def _completion(self, body: dict, run: str | None) -> Response:
         request = wire.parse_completion(body, self.limits)
