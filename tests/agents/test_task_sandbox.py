@@ -5,6 +5,7 @@ its run, whether the run returns, raises, times out or is cancelled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -203,7 +204,7 @@ def test_a_run_whose_sandbox_dies_is_replayed_not_scored(tmp_path):
         if not killed:  # a sandbox fault: its process dies under the run (the pool replaces it)
             killed.append(sandbox.id)
             sandbox.pool.box(sandbox.id).proc.kill()
-            with pytest.raises(SandboxDied):
+            with contextlib.suppress(SandboxDied):  # unless the health thread replaced it first
                 await sandbox.aexec("ls")
         return 0.0
 
