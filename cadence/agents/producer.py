@@ -81,6 +81,30 @@ class AgentErrorReport(EnvErrorReport):
     fix = "fix the agent (try it alone against `cadence serve`)"
 
 
+class LostPerTask:
+    """Runs and lost runs per training task. A lost run is replaced by another try on the same
+    task and the group trains on the runs that finished, so a policy that fails its runs on the
+    tasks it would score low on (a reply that broke the endpoint) hides those rewards: the task
+    whose runs are lost most often shows it (metrics, and the dashboard's lost-episodes line)."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[int] = Counter()
+        self.lost: Counter[int] = Counter()
+
+    def record(self, task: int, runs: int, lost: int) -> None:
+        self.runs[task] += runs
+        if lost:
+            self.lost[task] += lost
+
+    def metrics(self) -> dict[str, float]:
+        """agent/worst_task (its index), its runs and lost runs, and how many tasks lost any."""
+        if not self.lost:
+            return {}
+        worst = max(self.lost, key=lambda t: (self.lost[t] / self.runs[t], self.runs[t]))
+        return {"agent/worst_task": float(worst), "agent/worst_task_runs": float(self.runs[worst]),
+                "agent/worst_task_lost_runs": float(self.lost[worst]), "agent/tasks_losing_runs": float(len(self.lost))}
+
+
 class AgentProducer:
     """Groups of agent runs through the endpoint (see the module docstring)."""
 
@@ -108,6 +132,7 @@ class AgentProducer:
         self.skip: set[int] = set()  # keys past `next` already trained on (a resumed run skips them)
         self.version = 0
         self.counts: Counter[str] = Counter()
+        self.lost_per_task = LostPerTask()
         self.first_failure: str | None = None
         self.open: dict[int, tuple[int, set[asyncio.Task]]] = {}  # group id -> (version, its runs)
         self.sandboxes, self.grader, self.canaries = sandboxes, grader, canaries
@@ -141,7 +166,7 @@ class AgentProducer:
         runs = {asyncio.ensure_future(self._run(task, index, group, canary is not None)) for _ in range(self.group_size)}
         self.open[group_id] = (self.version, runs)
         finished: list[tuple[float, Trajectory]] = []
-        retries = 0
+        retries = lost = 0
         try:
             while runs:
                 done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
@@ -151,7 +176,9 @@ class AgentProducer:
                         continue
                     if run.exception() is None:
                         finished.append(run.result())
-                    elif retries < self.max_retries:  # lost (reported in _run): another try, same task
+                        continue
+                    lost += 1
+                    if retries < self.max_retries:  # lost (reported in _run): another try, same task
                         retries += 1
                         self.counts["runs_retried"] += 1
                         runs.add(asyncio.ensure_future(self._run(task, index, group, canary is not None)))
@@ -164,6 +191,8 @@ class AgentProducer:
                 run.cancel()
             if group is not None:  # its runs' sandboxes first (each releases its own), then the group's
                 await asyncio.shield(_close_group(group, runs))
+        if canary is None:
+            self.lost_per_task.record(index, len(finished) + lost, lost)
         samples: list[Sample] = []
         for reward, trajectory in finished:
             samples += trajectory.samples(reward, group_id, f"task-{index}")
@@ -204,6 +233,7 @@ class AgentProducer:
         names = ("runs", "runs_played", "runs_lost", "runs_retried", "runs_cancelled", "groups", "groups_dropped",
                  "samples")
         out = {f"agent/{k}_total": float(self.counts[k]) for k in names}
+        out.update(self.lost_per_task.metrics())
         if self.sandboxes is not None:
             out.update(self.sandboxes.metrics())
         if self.grader is not None:

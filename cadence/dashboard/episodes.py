@@ -15,6 +15,7 @@ of each kind, with its traceback; the metrics count every lost episode or agent 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -121,4 +122,16 @@ def lost_episodes(run_dir: Path, last_row: dict[str, Any]) -> dict[str, Any] | N
         match = _LOST_METRIC.match(key) if isinstance(key, str) else None
         if match and type(value) in (int, float) and value > 0:
             lost[match.group(1) or "agent runs"] = int(value)
-    return {"lost": lost, "reports": reports} if lost or reports else None
+    if not (lost or reports):
+        return None
+    return {"lost": lost, "reports": reports, "worst_task": _worst_task(last_row)}
+
+
+def _worst_task(last_row: dict[str, Any]) -> dict[str, int] | None:
+    """The agent task whose runs were lost most often (cadence/agents/producer.py, LostPerTask)."""
+    fields = {"task": "agent/worst_task", "runs": "agent/worst_task_runs", "lost": "agent/worst_task_lost_runs",
+              "tasks": "agent/tasks_losing_runs"}
+    values = {name: last_row.get(key) for name, key in fields.items()}
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in values.values()):
+        return None
+    return {name: int(v) for name, v in values.items()}

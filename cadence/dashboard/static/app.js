@@ -148,6 +148,9 @@ async function loadDetails() {
     ${d.reward_errors ? html`<div class="card"><b class="fail">reward errors</b><pre>${d.reward_errors}</pre></div>` : ""}
     ${d.lost_episodes ? html`<div class="card" id="lost-episodes"><b class="fail">lost episodes</b> ${
       Object.entries(d.lost_episodes.lost).map(([k, n]) => html`<span class="lost-count">${k}: ${n}</span> `)}${
+      d.lost_episodes.worst_task ? html`<div class="lost-task">most often lost: task ${d.lost_episodes.worst_task.task}, ${
+        d.lost_episodes.worst_task.lost} of its ${d.lost_episodes.worst_task.runs} runs (${
+        d.lost_episodes.worst_task.tasks} tasks lost runs)</div>` : ""}${
       d.lost_episodes.reports.map((r) => html`<div class="lost-kind"><b>${r.kind}</b> (first)<pre>${r.text}</pre></div>`)}</div>` : ""}
     ${d.resume_changes ? html`<div class="card"><b>resume changes</b><pre>${d.resume_changes}</pre></div>` : ""}
     <div class="card"><b>config.yaml</b><pre>${d.config || ""}</pre></div>`);
