@@ -43,8 +43,8 @@ class Layout:
     answer: str
 
     def roots(self, columns: Sequence[str]) -> list[str]:
-        """The top-level columns that hold the prompt and answer (all a validating pass reads):
-        a path that is a column name as written, else the first part of the dotted path."""
+        """The top-level columns that must hold the prompt and answer: a path that is a column
+        name as written, else the first part of the dotted path."""
         paths = [self.prompt] if self.answer == LAST_ASSISTANT else [self.prompt, self.answer]
         return list(dict.fromkeys(p if p in columns else p.split(".")[0] for p in paths))
 
