@@ -147,10 +147,11 @@ def test_no_sandbox_outlives_a_run_that_returns_raises_times_out_or_is_cancelled
 
     async def main():
         sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, http=False))
-        producer, hub = producer_for(agent, [row], sandboxes, timeout_s=5.0, max_retries=0)
+        producer, hub = producer_for(agent, [row], sandboxes, timeout_s=120.0, max_retries=0)
 
         async def three_groups():
             await producer.play(producer.next_key(), 0)  # run 1 returns, run 2 raises
+            producer.timeout_s = 3.0
             await producer.play(producer.next_key(), 1)  # runs 3 and 4 time out
             assert sandboxes.leased == set() and len(entered) == 4
             producer.timeout_s = 3600
