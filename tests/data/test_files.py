@@ -181,7 +181,21 @@ def test_growing_train_draws_read_only_the_new_rows_and_match_a_fresh_draw(tmp_p
     train = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": i} for i in range(50)])
     fresh = task(tmp_path, train_file=train).prompts("train", 400)
     t = task(tmp_path, train_file=train)
+    read = []
+    rows_of = t._train.prompts
+    t._train.prompts = lambda rows: read.append(len(rows)) or rows_of(rows)
     for n in (10, 45, 46, 200, 400):  # as a run draws block after block
         assert t.prompts("train", n) == fresh[:n]
+    assert sum(read) == 400  # each row read once, not the whole prefix again every block
     assert [p.id.count("@") for p in fresh[44:46]] == [0, 1]  # 45 train rows: epoch 1 starts
     assert t.prompts("train", 10, seed=1) != fresh[:10] and t.prompts("train", 400) == fresh
+
+
+def test_rows_taken_across_row_groups_come_back_in_the_order_asked(tmp_path):
+    from cadence.data.sources import open_file
+
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"prompt": [f"q{i}" for i in range(100)], "answer": list(range(100))}), path,
+                   row_group_size=30)
+    rows = [99, 0, 31, 30, 29, 64, 0]
+    assert [r["answer"] for r in open_file(path, "parquet").take(rows)] == rows
