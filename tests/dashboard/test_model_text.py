@@ -1,5 +1,5 @@
 """What the dashboard shows of the model's own text (issue 33, findings 16 and 17): a logged sample
-whose tool call nests 100 000 deep is shown as text (the samples view was a 500), a crafted line in
+whose tool call nests past the recursion limit is shown as text (the samples view was a 500), a crafted line in
 env_errors.log is parsed in linear time (a 110 KB line held the GIL for about 8 s), and the model's
 text in a failure's message or traceback is clipped where the error logs are written."""
 
@@ -13,7 +13,7 @@ from cadence.envs.runner import EnvFailure
 from cadence.observe.reward_errors import describe_failure
 from cadence.rollout.env_errors import EnvErrorReport
 
-NESTED_CALL = '<tool_call>{"name": "add", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}</tool_call>"
+NESTED_CALL = '<tool_call>{"name": "add", "arguments": ' + "[" * 5_000 + "]" * 5_000 + "}</tool_call>"
 
 
 def test_a_sample_with_a_deeply_nested_tool_call_is_shown_as_text():
