@@ -23,6 +23,7 @@ from cadence.agents.config import AgentConfig
 from cadence.algo.config import AlgorithmConfig
 from cadence.data.config import TaskConfig
 from cadence.envs.config import EnvConfig
+from cadence.inference.config import Temperature
 from cadence.models.config import LoraConfig
 from cadence.observe.config import LoggingConfig
 from cadence.rewards.config import RewardConfig
@@ -48,7 +49,7 @@ class EvalConfig(Section):
     before: bool = Field(True, description="Evaluate held-out accuracy before training.")
     after: bool = Field(True, description="Evaluate held-out accuracy after training.")
     samples: int = Field(1, gt=0, description="Samples per prompt (k of pass@k).")
-    temperature: float = Field(0.0, ge=0, description="0 = greedy pass@1.")
+    temperature: Temperature = Field(0.0, description="0 = greedy pass@1; else >= 0.01.")
     episodes: int = Field(
         64, gt=0, description="Agentic runs: held-out episodes, on environment seeds training never uses."
     )

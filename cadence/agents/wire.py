@@ -22,7 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadence.inference.types import MIN_TEMPERATURE, GenResult, SamplingParams
+from cadence.inference.config import MIN_TEMPERATURE
+from cadence.inference.types import GenResult, SamplingParams
 
 
 class BadRequest(ValueError):

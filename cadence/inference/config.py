@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# Below this (and above 0) logits / T overflow to inf and sampling fails; vLLM raises such
+# temperatures to the same 0.01.
+MIN_TEMPERATURE = 0.01
+
+
+def check_temperature(temperature: float) -> float:
+    """`temperature` when it is 0 (greedy) or a finite number >= MIN_TEMPERATURE; ValueError otherwise."""
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature}")
+    return temperature
+
+
+Temperature = Annotated[float, AfterValidator(check_temperature)]  # a config field's type
 
 
 class MockEngineConfig(BaseModel):

@@ -6,16 +6,14 @@ the hub and the trainer never care which one is running.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from cadence.inference.config import check_temperature
+
 FinishReason = Literal["stop", "length", "abort"]
-# Below this (and above 0) logits / T overflow to inf and sampling fails; vLLM raises such
-# temperatures to the same 0.01.
-MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -39,9 +37,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
-            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
-                             f"got {self.temperature}")
+        check_temperature(self.temperature)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cadence.inference.config import EngineConfig
+from cadence.inference.config import EngineConfig, Temperature
 
 
 class LengthSimulation(BaseModel):
@@ -33,7 +33,7 @@ class RolloutConfig(BaseModel):
         8, gt=0, description="Longest response, in tokens. Unset with task.name=chain: the "
         "task's longest worked answer (334 with the default options)."
     )
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    temperature: Temperature = Field(1.0, description="Sampling temperature (0 = greedy, else >= 0.01).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] | None = Field(None, description="Stop strings; None = the task's own.")
     async_ratio: int = Field(
