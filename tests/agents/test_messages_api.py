@@ -5,8 +5,8 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from tests.agents.scripted import tool_tokenizer
-from tests.agents.test_endpoint import TOOLS, calculator_reply, render_ids, serve
+from tests.agents.test_endpoint import TOOLS, calculator_reply, serve
+from tests.agents.test_responses_api import assert_same_as_chat
 
 ANTHROPIC_TOOLS = [{"name": "add", "description": TOOLS[0]["function"]["description"],
                     "input_schema": TOOLS[0]["function"]["parameters"]}]
@@ -48,13 +48,7 @@ def test_a_tool_use_round_trip_is_token_exact(style):
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": use.id, "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
                 {"role": "tool", "tool_call_id": use.id, "content": "5"}]
-    tok = tool_tokenizer(style)
-    assert sampled[0].prompt_ids == render_ids(tok, messages[:2], TOOLS)
-    assert sampled[1].prompt_ids == render_ids(tok, messages, TOOLS)
-    [sample] = trajectory.samples(1.0, 0, "task")
-    assert trajectory.counts["stitched"] == 1
-    model_ids = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    assert model_ids == sampled[0].token_ids + sampled[1].token_ids
+    assert_same_as_chat(style, messages, trajectory, sampled)
 
 
 def test_streams_build_the_same_message():

@@ -40,7 +40,13 @@ def test_a_function_call_round_trip_is_token_exact():
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": call.call_id, "type": "function", "function": {"name": "add", "arguments": call.arguments}}]},
                 {"role": "tool", "tool_call_id": call.call_id, "content": "5"}]
-    tok = tool_tokenizer("qwen2")
+    assert_same_as_chat("qwen2", messages, trajectory, sampled)
+
+
+def assert_same_as_chat(style: str, messages: list[dict], trajectory, sampled) -> None:
+    """A two-turn conversation (system, user, tool call, tool result) as chat messages renders the
+    ids each request was sampled from, and the run is one sample of exactly the sampled ids."""
+    tok = tool_tokenizer(style)
     assert sampled[0].prompt_ids == render_ids(tok, messages[:2], TOOLS)
     assert sampled[1].prompt_ids == render_ids(tok, messages, TOOLS)
     [sample] = trajectory.samples(1.0, 0, "task")
