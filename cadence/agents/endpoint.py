@@ -10,7 +10,9 @@
 
 Routes: `/v1/chat/completions` (stream or not, `n`, `temperature`, `top_p`,
 `max_tokens`, `stop`, `logprobs`, `tools`/`tool_choice`), `/v1/completions`,
-`/v1/models`, each also under `/runs/<run>/v1/...`.
+`/v1/models`, and the OpenAI Responses and Anthropic Messages APIs
+(`/v1/responses`, `/v1/messages`: `responses_api.py`, `messages_api.py`, which
+translate to and from the chat path), each also under `/runs/<run>/v1/...`.
 
 - Attribution: a request belongs to the run named in its path
   (`/runs/<run>/v1`) or, failing that, by its API key. With `strict` (the
