@@ -13,8 +13,11 @@ What is measured, per variant:
   activation_mib   memory the forward pass of the training loss holds for the backward:
                    memory after the forward minus before it (with the logits)
   forward_peak_mib peak memory during that forward minus before it
-  step_peak_mib    peak memory during a whole training step minus before it
-                   (activations, gradients, the optimizer's update)
+  step_peak_mib    peak memory during a training step minus the memory held just before it
+                   (held between steps: weights, optimizer state and, full fine-tuning, the
+                   last step's gradients, which the step frees and makes again)
+  peak_mib         peak memory during a training step, all of it: the trainer's peak (on CPU
+                   the process's, Python and libraries included)
   step_seconds     median wall time of the measured steps (the first step is warm-up)
   loss             the loss of that forward: checkpointing must not change it
 Memory on CUDA is `torch.cuda.memory_allocated` / `max_memory_allocated`. On CPU,
@@ -149,14 +152,15 @@ def run_variant(args: argparse.Namespace, lora: bool, checkpointing: bool) -> di
     del logits, loss
     trainer.optimizer.zero_grad(set_to_none=True)
 
-    seconds, step_peaks = [], []
+    seconds, step_peaks, peaks = [], [], []
     for _ in range(args.steps):
         before = meter.now()
         meter.reset_peak()
         start = time.perf_counter()
         metrics = trainer.step(groups)
         seconds.append(time.perf_counter() - start)
-        step_peaks.append(meter.peak() - before)
+        peaks.append(meter.peak())
+        step_peaks.append(peaks[-1] - before)
     optimizer_bytes = sum(
         t.numel() * t.element_size() for s in trainer.optimizer.state.values() for t in s.values()
         if torch.is_tensor(t)
@@ -168,6 +172,7 @@ def run_variant(args: argparse.Namespace, lora: bool, checkpointing: bool) -> di
         "activation_mib": held / MIB,
         "forward_peak_mib": forward_peak / MIB,
         "step_peak_mib": max(step_peaks[1:] or step_peaks) / MIB,
+        "peak_mib": max(peaks[1:] or peaks) / MIB,
         "step_seconds": statistics.median(seconds[1:] or seconds),
         "loss": loss_value,
         "last_step_loss": float(metrics["train/loss"]),
@@ -186,13 +191,14 @@ def report(results: dict[str, dict]) -> list[str]:
     """The table and the two targets, as lines."""
     lines = [
         "| variant | trainable params | optimizer MiB | activation MiB | forward peak MiB | step peak MiB "
-        "| step s | loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| peak MiB | step s | loss |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
             f"| {name} | {r['trainable_parameters']:,} | {r['optimizer_mib']:.1f} | {r['activation_mib']:.1f} "
-            f"| {r['forward_peak_mib']:.1f} | {r['step_peak_mib']:.1f} | {r['step_seconds']:.2f} | {r['loss']:.6f} |"
+            f"| {r['forward_peak_mib']:.1f} | {r['step_peak_mib']:.1f} | {r.get('peak_mib', float('nan')):.1f} "
+            f"| {r['step_seconds']:.2f} | {r['loss']:.6f} |"
         )
     full, lora = results["full"], results["lora"]
     lines.append(f"LoRA optimizer state: {100 * (1 - lora['optimizer_mib'] / full['optimizer_mib']):.1f}% less "
