@@ -99,3 +99,5 @@ def test_a_migrate_command_trains_two_steps(command, tmp_path, monkeypatch):
     summary = train(cfg)
     records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "time/step" in r] == [1, 2]
+    prompt = json.loads((summary.run_dir / "samples.jsonl").read_text().splitlines()[0])["prompt"]
+    assert prompt.startswith("<|im_start|>user\nWhat is ")  # text or messages, through the chat template
