@@ -6,7 +6,7 @@ import anthropic
 import pytest
 
 from tests.agents.test_endpoint import TOOLS, calculator_reply, serve
-from tests.agents.test_responses_api import assert_same_as_chat
+from tests.agents.test_responses_api import assert_same_as_chat, calculator_saying
 
 ANTHROPIC_TOOLS = [{"name": "add", "description": TOOLS[0]["function"]["description"],
                     "input_schema": TOOLS[0]["function"]["parameters"]}]
@@ -19,8 +19,8 @@ def client_for(endpoint, run: str) -> anthropic.AsyncAnthropic:
                                     max_retries=0)
 
 
-@pytest.mark.parametrize("style", ["qwen2", "llama3"])
-def test_a_tool_use_round_trip_is_token_exact(style):
+@pytest.mark.parametrize(("style", "preamble"), [("qwen2", ""), ("llama3", ""), ("qwen2", "Let me add.")])
+def test_a_tool_use_round_trip_is_token_exact(style, preamble):
     async def agent(endpoint, engine, tok):
         run = endpoint.open_run()
         client = client_for(endpoint, run)
@@ -28,7 +28,7 @@ def test_a_tool_use_round_trip_is_token_exact(style):
         first = await client.messages.create(model="cadence", max_tokens=64, system="Be brief.",
                                              messages=messages, tools=ANTHROPIC_TOOLS,
                                              extra_body={"temperature": 0.5})  # not in this client's signature
-        [use] = first.content
+        use = first.content[-1]
         messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                    "content": [{"type": "text", "text": str(sum(use.input.values()))}]}]}]
@@ -36,8 +36,9 @@ def test_a_tool_use_round_trip_is_token_exact(style):
                                               "text": "Be brief."}], messages=messages, tools=ANTHROPIC_TOOLS)
         return first, second, endpoint.close_run(run), engine.sampled
 
-    first, second, trajectory, sampled = serve(style, agent)
-    use = first.content[0]
+    first, second, trajectory, sampled = serve(style, agent, reply=calculator_saying(style, preamble))
+    use = first.content[-1]
+    assert [b.text for b in first.content if b.type == "text"] == ([preamble] if preamble else [])
     assert (use.type, use.name, use.input, first.stop_reason) == ("tool_use", "add", {"a": 2, "b": 3}, "tool_use")
     assert first.usage.output_tokens == len(sampled[0].token_ids)
     assert first.usage.input_tokens == len(sampled[0].prompt_ids)
@@ -45,7 +46,7 @@ def test_a_tool_use_round_trip_is_token_exact(style):
 
     # The same conversation as chat messages renders the same ids, and stitches into one sample.
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK},
-                {"role": "assistant", "content": None, "tool_calls": [
+                {"role": "assistant", "content": preamble or None, "tool_calls": [
                     {"id": use.id, "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
                 {"role": "tool", "tool_call_id": use.id, "content": "5"}]
     assert_same_as_chat(style, messages, trajectory, sampled)

@@ -8,19 +8,31 @@ import openai
 import pytest
 
 from tests.agents.scripted import tool_tokenizer
-from tests.agents.test_endpoint import TOOLS, client_for, render_ids, serve
+from tests.agents.test_endpoint import TOOLS, calculator_reply, client_for, render_ids, serve
 
 RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
 ASK = "Please add 2 and 3."
 
 
-def test_a_function_call_round_trip_is_token_exact():
+def calculator_saying(style: str, preamble: str):
+    """`calculator_reply` with `preamble` written before its call (Hermes: text before the block is
+    the reply's content; a Llama 3 call is the whole reply)."""
+    plain = calculator_reply(style)
+
+    def reply(prompt: str) -> str:
+        text = plain(prompt)
+        return f"{preamble}\n{text}" if preamble and text.startswith("<tool_call>") else text
+    return reply
+
+
+@pytest.mark.parametrize("preamble", ["", "Let me add."])
+def test_a_function_call_round_trip_is_token_exact(preamble):
     async def agent(endpoint, engine, tok):
         run = endpoint.open_run()
         client = client_for(endpoint, run)
         first = await client.responses.create(model="cadence", input=ASK, tools=RESPONSES_TOOLS,
                                               instructions="Be brief.", max_output_tokens=64, temperature=0.5)
-        [call] = first.output
+        call = first.output[-1]
         items = [{"role": "user", "content": [{"type": "input_text", "text": ASK}]},
                  *[item.model_dump(exclude_none=True) for item in first.output],
                  {"type": "function_call_output", "call_id": call.call_id,
@@ -29,15 +41,16 @@ def test_a_function_call_round_trip_is_token_exact():
                                                instructions="Be brief.")
         return first, second, endpoint.close_run(run), engine.sampled
 
-    first, second, trajectory, sampled = serve("qwen2", agent)
-    call = first.output[0]
+    first, second, trajectory, sampled = serve("qwen2", agent, reply=calculator_saying("qwen2", preamble))
+    call = first.output[-1]
+    assert first.output_text == preamble and len(first.output) == 1 + bool(preamble)
     assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "add", {"a": 2, "b": 3})
     assert first.status == "completed" and first.usage.output_tokens == len(sampled[0].token_ids)
     assert second.output_text == "the sum is 5" and second.output[0].type == "message"
 
     # The same conversation as chat messages renders the same ids, and stitches into one sample.
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK},
-                {"role": "assistant", "content": None, "tool_calls": [
+                {"role": "assistant", "content": preamble or None, "tool_calls": [
                     {"id": call.call_id, "type": "function", "function": {"name": "add", "arguments": call.arguments}}]},
                 {"role": "tool", "tool_call_id": call.call_id, "content": "5"}]
     assert_same_as_chat("qwen2", messages, trajectory, sampled)
