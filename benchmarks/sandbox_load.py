@@ -10,6 +10,8 @@ Measures, on this machine:
   warm acquire  Pool.acquire() of a ready spare, in process; and POST /v1/sandboxes over HTTP
   exec load     open-loop `rate` exec calls/s of a small Python snippet against one service
                 (`sandboxes` leased sandboxes, round-robin), latency per call, errors counted
+  workspace     (root only) fork (start a sandbox + copy), copy into a running sandbox, and
+                snapshot, of a workspace of 200 small files and 20 MB
 Prints a table, and writes the numbers to --out (JSON).
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from cadence.observe.report import write_doc_table
-from cadence.sandbox import Limits, LocalSandbox
+from cadence.sandbox import Limits, LocalSandbox, workspace
 from cadence.sandbox.pool import Pool, PoolConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.sandbox.service
@@ -77,6 +79,24 @@ def warm_acquires_in_process(n: int) -> dict:
             times.append(time.perf_counter() - t0)
             pool.release(info.id)
     return ms(times)
+
+
+def workspace_ops(n: int) -> dict:
+    """`n` forks, copies into a running sandbox and snapshots of one prepared workspace, alternated."""
+    times: dict[str, list[float]] = {"fork": [], "copy": [], "snapshot": []}
+    with LocalSandbox(Limits()) as box, LocalSandbox(Limits()) as spare:
+        box.exec("head -c 20000000 /dev/urandom > data.bin && mkdir src && for i in $(seq 200); do echo $i > src/f$i.py; done")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            workspace.fork(box).stop()
+            times["fork"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            workspace.copy_workspace(box, spare)
+            times["copy"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            workspace.snapshot(box)
+            times["snapshot"].append(time.perf_counter() - t0)
+    return {f"workspace_{name}": ms(t) for name, t in times.items()}
 
 
 def warm_acquires_http(url: str, token: str, n: int) -> dict:
@@ -143,6 +163,9 @@ def render_table(res: dict) -> str:
         ("warm acquire, over HTTP (`POST /v1/sandboxes`)", res["warm_acquire_http"], "< 10"),
         (f"exec over HTTP, {load['rate_target']:g} calls/s for {load['seconds']:g} s", load,
          "0 errors, p99 < 200"),
+        *[(f"workspace {what} (200 files + 20 MB)", res[f"workspace_{name}"], "")
+          for name, what in (("fork", "fork: start a sandbox + copy"), ("copy", "copy into a running sandbox"),
+                             ("snapshot", "snapshot (a tar)")) if f"workspace_{name}" in res],
     ]
     lines = ["| what | n | p50 ms | p90 ms | p99 ms | max ms | target |", "|---|---|---|---|---|---|---|"]
     for name, r, target in rows:
@@ -159,15 +182,18 @@ def main() -> None:
     ap.add_argument("--sandboxes", type=int, default=8)
     ap.add_argument("--starts", type=int, default=40, help="cold starts measured")
     ap.add_argument("--acquires", type=int, default=200, help="warm acquires measured (each way)")
+    ap.add_argument("--workspace-ops", type=int, default=20, help="forks, copies and snapshots measured (root only)")
     ap.add_argument("--out", default=None, help="write the numbers here as JSON")
     ap.add_argument("--doc", default=None, help="replace the table in this markdown file (e.g. docs/sandbox.md)")
     a = ap.parse_args()
     if a.quick:
-        a.rate, a.seconds, a.starts, a.acquires = 20.0, 5.0, 8, 8
+        a.rate, a.seconds, a.starts, a.acquires, a.workspace_ops = 20.0, 5.0, 8, 8, 4
     load_before = os.getloadavg()
     variants = {"cold_start": {}, **({"cold_start_system_python": SYSTEM_PYTHON}
                                      if os.path.exists(SYSTEM_PYTHON["python"]) else {})}
     res = {**cold_starts(a.starts, variants), "warm_acquire_pool": warm_acquires_in_process(a.acquires)}
+    if os.geteuid() == 0 and a.workspace_ops:
+        res.update(workspace_ops(a.workspace_ops))
     with tempfile.TemporaryDirectory() as tmp, running_service(tmp, "--warm", "2") as (url, token, _):
         res["warm_acquire_http"] = warm_acquires_http(url, token, a.acquires)
         res["exec_load"] = asyncio.run(exec_load(url, token, a.rate, a.seconds, a.sandboxes))

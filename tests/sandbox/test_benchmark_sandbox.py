@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ def test_quick_benchmark_runs(tmp_path):
     for key in ("cold_start", "warm_acquire_pool", "warm_acquire_http", "exec_load"):
         assert res[key]["n"] > 0 and 0 < res[key]["p50_ms"] <= res[key]["p99_ms"] <= res[key]["max_ms"]
     assert res["exec_load"]["errors"] == 0 and res["exec_load"]["n"] == 100
+    if os.geteuid() == 0:  # forks, copies and snapshots of a workspace: root only
+        assert all(res[f"workspace_{k}"]["n"] == 4 for k in ("fork", "copy", "snapshot"))
     assert "| cold start (sandbox ready to run Python) |" in r.stdout
     text = doc.read_text()
     assert "STALE-TABLE" not in text and "| exec over HTTP, 20 calls/s for 5 s | 100 |" in text and text.endswith("more prose\n")
