@@ -152,3 +152,10 @@ def test_training_and_evaluation_send_the_engine_the_templates_ids(chat_model_di
         assert ids == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     # 2 steps x 4 prompts x 4 answers, then the 8 held-out prompts after training and in `cadence eval`.
     assert trained >= 2 * 4 * 4 + 8 and len(seen) == trained + 8
+
+
+def test_the_shipped_chat_model_answers_through_its_template():
+    tok = load_tokenizer("builtin:arith-chat")
+    render = _renderer(tok, "builtin:arith-chat", chat_template="on")
+    assert _text(tok, render.ids(PROBLEM)) == "<|user|>37+45=<|end|><|assistant|>"
+    assert render.stop_token_ids() == [tok.eos_token_id] == [tok.convert_tokens_to_ids("<|end|>")]

@@ -4,8 +4,9 @@
 reads, or one of the small models shipped inside the package (made by
 `cadence sft`): `builtin`, the arithmetic model (`cadence/configs/sft_arith.yaml`),
 `builtin:frozenlake` (`cadence/configs/sft_frozenlake_turns.yaml`, then `sft_frozenlake.yaml`), `builtin:sokoban`
-(`cadence/configs/sft_sokoban.yaml`) or `builtin:calc`, a chat model that calls a calculator tool
-(`scripts/make_calc_tiny.py`, the agent demo's).
+(`cadence/configs/sft_sokoban.yaml`), `builtin:calc`, a chat model that calls a calculator tool
+(`scripts/make_calc_tiny.py`, the agent demo's), or `builtin:arith-chat`, the arithmetic model
+answering through a ChatML template (`scripts/make_arith_chat.py`; docs/chat_templates.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ BUILTINS = {
                            "&& cadence sft --config cadence/configs/sft_frozenlake.yaml"),
     "builtin:sokoban": (ASSETS / "sokoban-tiny", "cadence sft --config cadence/configs/sft_sokoban.yaml"),
     "builtin:calc": (ASSETS / "calc-tiny", "python scripts/make_calc_tiny.py --output cadence/assets/calc-tiny"),
+    "builtin:arith-chat": (ASSETS / "arith-chat-tiny",
+                           "python scripts/make_arith_chat.py --output cadence/assets/arith-chat-tiny --overwrite"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
