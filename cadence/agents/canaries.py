@@ -14,7 +14,8 @@ import json
 import sys
 from collections import deque
 
-from cadence.agents.config import CanariesConfig
+from cadence.agents.config import BUILTIN_CANARIES, CanariesConfig
+from cadence.data.repo_bugs import canary_rows
 from cadence.yaml_config import ConfigError
 
 
@@ -25,8 +26,11 @@ class CanariesPassing(ConfigError):
 class Canaries:
     def __init__(self, cfg: CanariesConfig) -> None:
         self.cfg = cfg
-        with open(cfg.path) as f:
-            self.rows = [json.loads(line) for line in f if line.strip()]
+        if cfg.path == BUILTIN_CANARIES:
+            self.rows = canary_rows()
+        else:
+            with open(cfg.path) as f:
+                self.rows = [json.loads(line) for line in f if line.strip()]
         if not self.rows or not all(isinstance(r, dict) for r in self.rows):
             raise ValueError(f"agent.canaries.path {cfg.path!r}: expected one JSON object (a task row) per line")
         self.recent: deque[bool] = deque(maxlen=cfg.window)

@@ -25,6 +25,7 @@ from cadence.python_spec import PYTHON_PREFIX, check_known_kwargs, load_python_o
 from cadence.sandbox.models import Limits
 
 # The config's names for the endpoint's tool-call formats (cadence.agents.tool_calls).
+BUILTIN_CANARIES = "builtin:repo_bugs"  # the canaries of the built-in repository tasks
 TOOL_FORMAT_NAMES = {"hermes": "hermes", "llama3": "llama3_json", "none": None}
 
 
@@ -129,7 +130,7 @@ class CanariesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(description="A JSONL file of canary rows (the task rows' fields; hidden tests that "
-                      "contradict the statement).")
+                      "contradict the statement), or 'builtin:repo_bugs' (cadence/data/repo_bugs.py).")
     every: int = Field(8, ge=2, description="One group in `every` plays a canary.")
     max_pass_rate: float = Field(0.05, ge=0, le=1, description="Above this pass rate (over the last `window` "
                                  "canary runs) the run warns or stops.")
@@ -139,6 +140,8 @@ class CanariesConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _check_path(cls, path: str) -> str:
+        if path == BUILTIN_CANARIES:
+            return path
         if not os.path.isfile(path):
             raise ValueError(f"agent.canaries.path {path!r}: no such file (a JSONL of canary task rows)")
         return path

@@ -21,6 +21,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from cadence.data.file_task import FileTask
 
         return FileTask.from_config(cfg)
+    if kind == "repo_bugs":
+        from cadence.data.repo_bugs import RepoBugsTask
+
+        return RepoBugsTask.from_config(cfg)
     from cadence.data.reasoning_gym import ReasoningGymTask
 
     return ReasoningGymTask.from_config(cfg)

@@ -11,6 +11,8 @@ Naming scheme for `name`:
   `datasets` folder (`train_file`, optional `test_file`, `format`, `preset`,
   `prompt_field`, `answer_field`, `test_fraction`; cadence/data/file_task.py).
   ``"jsonl"``, its older name, is the same task.
+* ``"repo_bugs"``: built-in repository tasks for coding agents, one injected bug each
+  (cadence/data/repo_bugs.py). `kwargs`: ``size`` (300 tasks, test split included).
 * ``"rg:<dataset>"``: any reasoning-gym dataset, e.g. ``"rg:countdown"``;
   `kwargs` go to that dataset's config (``min_numbers``, ...).
 
@@ -28,24 +30,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cadence.data.fields import Preset
-from cadence.data.options import check_arith_config, check_chain_config
+from cadence.data.options import check_arith_config, check_chain_config, check_repo_bugs_config
 from cadence.data.sources import FileFormat, find_files
 
-TaskKind = Literal["arith", "chain", "file", "rg"]
+TaskKind = Literal["arith", "chain", "file", "repo_bugs", "rg"]
 ChatTemplate = Literal["auto", "on", "off"]
 RG_PREFIX = "rg:"
 
 
 def task_kind(name: str) -> TaskKind:
     """Classify a task name, or explain the accepted forms."""
-    if name in ("arith", "chain"):
+    if name in ("arith", "chain", "repo_bugs"):
         return name  # type: ignore[return-value]
     if name in ("file", "jsonl"):  # jsonl: the older name of file
         return "file"
     if name.startswith(RG_PREFIX):
         return "rg"
     raise ValueError(
-        f"task.name {name!r} is not a known task: use 'arith' or 'chain' (built-in), 'file' "
+        f"task.name {name!r} is not a known task: use 'arith', 'chain' or 'repo_bugs' (built-in), 'file' "
         "(with task.train_file), or 'rg:<reasoning-gym dataset>' such as 'rg:countdown'"
     )
 
@@ -148,6 +150,8 @@ class TaskConfig(BaseModel):
             check_chain_config(self.kwargs, self.test_size)
         elif kind == "file":
             self._check_files()
+        elif kind == "repo_bugs":
+            check_repo_bugs_config(self.kwargs, self.test_size)
         else:
             check_rg_dataset(self.name[len(RG_PREFIX) :], self.kwargs)
         return self

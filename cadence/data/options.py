@@ -115,3 +115,19 @@ def check_chain_config(kwargs: dict, test_size: int) -> None:
     """Fail at load time if the options are invalid or leave too few training problems."""
     space = parse_chain_options(kwargs).space
     check_test_share(test_size, space, "chain", "widen task.kwargs.step_min/step_max")
+
+
+class RepoBugsOptions(BaseModel):
+    """`task.kwargs` for "repo_bugs"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(300, ge=2, le=100_000, description="Tasks in all: the test split's, then the train split's.")
+
+
+def check_repo_bugs_config(kwargs: dict, test_size: int) -> None:
+    """Fail at load time if the options are invalid or leave too few training tasks."""
+    size = parse_task_options(RepoBugsOptions, kwargs, "repo_bugs").size
+    if test_size >= size:
+        raise ValueError(f"task.test_size={test_size} leaves none of the {size} 'repo_bugs' tasks to train on; "
+                         "lower it or raise task.kwargs.size")

@@ -1,0 +1,97 @@
+"""The built-in repository tasks (cadence/data/repo_bugs.py): deterministic, each honest fix passes
+its hidden tests and the buggy code fails them, a canary's hidden tests fail the honest fix; the
+rows are what agent.sandbox and agent.grader read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadence.agents.canaries import Canaries
+from cadence.agents.config import CanariesConfig
+from cadence.data.build import build_task
+from cadence.data.config import TaskConfig
+from cadence.data.repo_bugs import BUGS, canary_rows, make_task
+
+SAMPLE = range(20)
+
+# Runs the hidden tests in the repository's folder, as the judge does (test_setup, then each
+# snippet), and prints which passed; a fresh interpreter per repository.
+RUN_TESTS = """
+import json, sys
+setup, tests = json.loads(sys.stdin.read())
+sys.path.insert(0, ".")
+namespace = {}
+exec(setup, namespace)
+passed = []
+for test in tests:
+    try:
+        exec(test, dict(namespace))
+        passed.append(True)
+    except Exception:
+        passed.append(False)
+print(json.dumps(passed))
+"""
+
+
+def passed(files: dict[str, str], setup: str, tests: list[str], folder: Path) -> list[bool]:
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    done = subprocess.run([sys.executable, "-c", RUN_TESTS], input=json.dumps([setup, tests]), cwd=folder,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_tasks_are_deterministic_and_varied():
+    assert [make_task(0, i) for i in SAMPLE] == [make_task(0, i) for i in SAMPLE]
+    assert make_task(0, 1) != make_task(1, 1)
+    kinds = {make_task(0, i).kind for i in range(300)}
+    assert kinds == {bug.kind for bug in BUGS}
+    assert len({make_task(0, i).statement for i in range(300)}) == 300
+
+
+@pytest.mark.parametrize("index", SAMPLE)
+def test_the_honest_fix_passes_and_the_bug_fails(tmp_path, index):
+    task = make_task(0, index)
+    assert passed(task.fixed_files, task.test_setup, task.tests, tmp_path / "fixed") == [True] * len(task.tests)
+    buggy = passed(task.files, task.test_setup, task.tests, tmp_path / "buggy")
+    assert buggy.count(False) >= 3, (task.instance_id, buggy)
+    visible = {"tests/test_core.py": task.files["tests/test_core.py"]}  # the repository's own test
+    assert all(path in task.files for path in visible)
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_a_canary_cannot_pass_with_the_honest_fix(tmp_path, index):
+    canary = make_task(0, index, canary=True)
+    assert passed(canary.fixed_files, canary.test_setup, canary.tests, tmp_path / "fixed") == [False] * len(canary.tests)
+    assert not all(passed(canary.files, canary.test_setup, canary.tests, tmp_path / "buggy"))
+
+
+def test_rows_carry_the_workspace_and_hidden_tests_but_never_the_fix():
+    task = build_task(TaskConfig(name="repo_bugs", test_size=20, kwargs={"size": 60}))
+    test, train = task.prompts("test", 100), task.prompts("train", 50)
+    assert len(test) == 20 and len(train) == 50
+    assert not {p.text for p in test} & {p.text for p in train}  # held-out tasks are never trained on
+    row = train[0].meta
+    assert set(row) == {"instance_id", "files", "tests", "test_setup", "protected"}
+    fix = make_task(0, 20).fixed_files
+    assert row["files"] != fix and not any(text in json.dumps(row) for text in fix.values() if "def " in text)
+    assert "tests" in row["protected"]
+
+
+def test_builtin_canaries_load_by_name():
+    canaries = Canaries(CanariesConfig(path="builtin:repo_bugs", every=2))
+    assert canaries.rows == canary_rows() and canaries.row(1)["instance_id"].startswith("repo_bugs-canary-")
+    assert not {r["prompt"] for r in canaries.rows} & {make_task(0, i).statement for i in range(300)}
+
+
+def test_bad_options_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="task.kwargs.size"):
+        TaskConfig(name="repo_bugs", test_size=20, kwargs={"size": 1})
+    with pytest.raises(ValueError, match="task.test_size=300 leaves none"):
+        TaskConfig(name="repo_bugs", test_size=300)
