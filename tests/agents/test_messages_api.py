@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import pytest
 
+from tests.agents import test_endpoint_limits as limits
 from tests.agents.test_endpoint import TOOLS, calculator_reply, serve
 from tests.agents.test_responses_api import assert_same_as_chat, calculator_saying
 
@@ -106,3 +109,23 @@ def test_errors_the_client_raises_and_runs_named_by_x_api_key():
     stopped, trajectory = serve("qwen2", agent, reply=reply)
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "STOP")
     assert trajectory.counts["requests"] == 2  # the stopped one and the one named by x-api-key
+
+
+def test_the_endpoint_guards_hold_on_both_routes():
+    """Host, body size and JSON nesting are checked before either route reads a field; a model's
+    unparseable call comes back as text."""
+    hi = {"max_tokens": 8, "input": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    nested = {"content": '{"messages": ' + limits.DEEP + "}", "headers": {"content-type": "application/json"}}
+    big = {"content": json.dumps({**hi, "input": "x" * (2 << 20)}), "headers": {"content-type": "application/json"}}
+    routes = ("/v1/responses", "/v1/messages")
+    answers = limits.serve(lambda port: [
+        *[("POST", path, {"json": hi, "headers": {"host": f"evil.example:{port}"}}) for path in routes],
+        *[("POST", path, nested) for path in routes],
+        *[("POST", path, big) for path in routes],
+        ("POST", "/v1/messages", {"json": {**hi, "messages": [{"role": "user", "content": "please nest"}],
+                                           "tools": [{"name": "add", "input_schema": {"type": "object"}}]}}),
+    ], max_body_mb=1)
+    assert [a.status_code for a in answers] == [421, 421, 400, 400, 413, 413, 200]
+    assert answers[2].json()["error"]["param"] == "body"
+    assert answers[3].json()["type"] == "error" and "nested deeper than" in answers[3].json()["error"]["message"]
+    assert answers[6].json()["content"] == [{"type": "text", "text": limits.NESTED_CALL}]
