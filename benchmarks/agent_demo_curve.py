@@ -24,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py, frozenlake_curve.py beside this script
 from frozenlake_curve import curve  # noqa: E402
-from harness import run_example  # noqa: E402
+from harness import plot_curve, run_example  # noqa: E402
 
 from cadence.observe.report import write_doc_table  # noqa: E402
 
@@ -42,20 +42,8 @@ def check(model: str) -> dict:
 
 
 def plot(points: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot([p["train_seconds"] / 60 for p in points], [p["held_out_success"] for p in points], "o-",
-            label="held-out success (agent samples at T=1)")
-    ax.set(xlabel="training minutes", ylabel="success rate", ylim=(0, 1),
-           title="calculator agent (plain openai SDK) on builtin:calc")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_curve(points, path, "calculator agent (plain openai SDK) on builtin:calc",
+               "held-out success (agent samples at T=1)")
 
 
 def table(result: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py beside this script
-from harness import cpu_model  # noqa: E402
+from harness import cpu_model, plot_curve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "examples/frozenlake.yaml"
@@ -120,22 +120,7 @@ def reference_policies(maps: int = 200) -> dict[str, float]:
 
 
 def plot(points: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot([p["train_seconds"] / 60 for p in points], [p["held_out_success"] for p in points], "o-",
-            label="held-out success (greedy)")
-    ax.set_xlabel("training minutes")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("FrozenLake 4x4, builtin:frozenlake, examples/frozenlake.yaml")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_curve(points, path, "FrozenLake 4x4, builtin:frozenlake, examples/frozenlake.yaml", "held-out success (greedy)")
 
 
 def main(overrides: list[str]) -> None:

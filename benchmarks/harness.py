@@ -119,3 +119,23 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return model
+
+
+def plot_curve(points: list[dict[str, Any]], path: Path, title: str, label: str, ylabel: str = "success rate",
+               baseline: tuple[float, str] | None = None) -> None:
+    """Held-out success (`curve()`'s points) against training minutes, with an optional
+    horizontal `baseline` (value, label), into a PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([p["train_seconds"] / 60 for p in points], [p["held_out_success"] for p in points], "o-", label=label)
+    if baseline is not None:
+        ax.axhline(baseline[0], color="grey", linestyle=":", label=baseline[1])
+    ax.set(xlabel="training minutes", ylabel=ylabel, ylim=(0, 1), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
