@@ -13,9 +13,15 @@ import pytest
 
 from cadence.agents.canaries import Canaries
 from cadence.agents.config import CanariesConfig
+from cadence.config import load_config
 from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
 from cadence.data.repo_bugs import BUGS, canary_rows, make_task
+from cadence.recipes.train_rlvr import train
+from tests.agents.repo_task import needs_sandbox
+from tests.quick_run import QUICK_RUN
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SAMPLE = range(20)
 
@@ -95,3 +101,22 @@ def test_bad_options_are_refused_in_one_line():
         TaskConfig(name="repo_bugs", test_size=20, kwargs={"size": 1})
     with pytest.raises(ValueError, match="task.test_size=300 leaves none"):
         TaskConfig(name="repo_bugs", test_size=300)
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_the_example_trains_two_steps_with_its_bash_agent_over_http(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the example names its agent by a path from the checkout's root
+    cfg = load_config(str(ROOT / "examples" / "agents" / "repo_bugs.yaml"), [
+        *QUICK_RUN, "trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "trainer.micro_batch_size=4",
+        "agent.kwargs.max_turns=2", "agent.kwargs.max_tokens=16", "agent.canaries.every=2", "agent.sandbox.warm=2",
+        f"logging.run_dir={tmp_path}/run",
+    ])
+    summary = train(cfg)
+    records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["step"] > 0] == [1, 2]
+    last = records[-1]
+    assert last["agent/runs_lost_total"] == 0  # every run reached its sandbox over HTTP and was graded
+    assert last["agent/grader_graded_total"] >= 8 and last["agent/grader_errors_total"] == 0
+    assert last["agent/canary_runs_total"] >= 2 and last["agent/canary_passed_total"] == 0
+    assert last["agent/sandboxes_leased"] == 0
