@@ -7,6 +7,8 @@ import json
 import openai
 import pytest
 
+from cadence.agents import messages_api, responses_api, wire
+from cadence.inference.types import GenResult
 from tests.agents.scripted import tool_tokenizer
 from tests.agents.test_endpoint import TOOLS, calculator_reply, client_for, render_ids, serve
 
@@ -106,3 +108,16 @@ def test_bad_fields_and_strangers_are_errors_the_client_raises():
         return engine.sampled
 
     assert serve("qwen2", agent) == []
+
+
+def test_a_reply_cut_by_max_tokens_says_so_in_both_apis():
+    """The scripted engine always ends its reply; a cut one is built here."""
+    cut = GenResult("r", [1, 2], [5, 6, 7], [-0.1] * 3, "length", "hel", 0, 0)
+    limits = wire.RequestLimits()
+    request = responses_api.parse({"input": "hi", "max_output_tokens": 3}, limits)
+    response = json.loads(responses_api.answer(request, "m", [1, 2], cut, ("hel", [])).body)
+    assert (response["status"], response["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    assert responses_api.stream_events(response)[-1][0] == "response.incomplete"
+    request = messages_api.parse({"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}, limits)
+    message = json.loads(messages_api.answer(request, "m", [1, 2], cut, ("hel", []), "hel").body)
+    assert (message["stop_reason"], message["content"]) == ("max_tokens", [{"type": "text", "text": "hel"}])
