@@ -251,7 +251,13 @@ class SandboxCgroup:
             pause = min(pause * 2, 0.01)
 
     def thaw(self) -> None:
-        self._write("freeze", 0 if self.version == 2 else "THAWED")
+        """Let the sandbox run again (a frozen process dies of SIGKILL only once thawed); nothing
+        when it has no freezer or is gone."""
+        if self.can_freeze():
+            try:
+                self._write("freeze", 0 if self.version == 2 else "THAWED")
+            except FileNotFoundError:
+                pass
 
     def kill_all(self) -> None:
         for pid in (self._read("procs") or "").split():
@@ -263,6 +269,7 @@ class SandboxCgroup:
     def remove(self, wait_s: float = 1.0) -> None:
         """Kill what is left and remove the folders (a process takes a moment to leave)."""
         deadline = time.monotonic() + wait_s
+        self.thaw()
         for d in set(self.dirs.values()):
             while True:
                 self.kill_all()

@@ -215,6 +215,8 @@ class LocalSandbox:
             except OSError:
                 pass
             proc.kill()
+            if self.cgroup is not None:  # a workspace call may hold it frozen: killed, it dies once thawed
+                self.cgroup.thaw()
             proc.wait()
             for f in (proc.stdin, proc.stdout):
                 f.close()

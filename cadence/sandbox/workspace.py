@@ -79,10 +79,7 @@ def stopped(box: LocalSandbox) -> Iterator[None]:
         try:
             yield
         finally:
-            try:
-                cgroup.thaw()
-            except FileNotFoundError:  # stopped meanwhile (a health check): nothing left to thaw
-                pass
+            cgroup.thaw()
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
 
 import pytest
 
@@ -104,3 +105,24 @@ def test_snapshot_of_sparse_files_stops_at_its_byte_cap():
         workspace.snapshot_to(box, out)
         assert out.getvalue() == workspace.snapshot(box)
         assert tarfile.open(fileobj=io.BytesIO(out.getvalue())).extractfile("a").read() == b"small\n"
+
+
+@needs_bwrap
+def test_a_sandbox_stopped_while_frozen_dies():
+    """A frozen process dies of SIGKILL only once thawed: stop() (a health check, a delete) during a
+    workspace call must not wait for ever."""
+    box = LocalSandbox(Limits(wall_s=10)).start()
+    cg = box.cgroup
+    if cg is None or not cg.can_freeze():
+        box.stop()
+        pytest.skip("no cgroup freezer here")
+    cg.freeze()
+    stopper = threading.Thread(target=box.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    hung = stopper.is_alive()
+    if hung:  # unblock it, then fail
+        cg.thaw()
+        stopper.join()
+    assert not hung and not box.alive
+    assert not any(os.path.exists(d) for d in cg.dirs.values())
