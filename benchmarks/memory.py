@@ -148,7 +148,7 @@ def run_variant(args: argparse.Namespace, lora: bool, checkpointing: bool) -> di
     loss = -(token_logprobs(logits, data.input_ids, 1.0) * data.mask).sum() / data.mask.sum()
     held, forward_peak = meter.now() - before, meter.peak() - before
     loss.backward()
-    loss_value = float(loss)
+    loss_value = loss.item()
     del logits, loss
     trainer.optimizer.zero_grad(set_to_none=True)
 
@@ -187,6 +187,12 @@ def in_fresh_process(args: argparse.Namespace, name: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def less(new: float, old: float) -> str:
+    """How much smaller `new` is than `old`, in percent ('n/a' when nothing was measured: a tiny
+    model's tensors can all fit in memory the process already holds)."""
+    return f"{100 * (1 - new / old):.1f}%" if old > 0 else "n/a"
+
+
 def report(results: dict[str, dict]) -> list[str]:
     """The table and the two targets, as lines."""
     lines = [
@@ -201,12 +207,12 @@ def report(results: dict[str, dict]) -> list[str]:
             f"| {r['step_seconds']:.2f} | {r['loss']:.6f} |"
         )
     full, lora = results["full"], results["lora"]
-    lines.append(f"LoRA optimizer state: {100 * (1 - lora['optimizer_mib'] / full['optimizer_mib']):.1f}% less "
+    lines.append(f"LoRA optimizer state: {less(lora['optimizer_mib'], full['optimizer_mib'])} less "
                  "than full fine-tuning's (target > 90%)")
     for kind in ("full", "lora"):
         plain, ckpt = results[kind], results[f"{kind} + checkpointing"]
-        cut = 100 * (1 - ckpt["activation_mib"] / plain["activation_mib"])
-        lines.append(f"{kind}: checkpointing holds {cut:.1f}% less activation memory (target > 50%), "
+        cut = less(ckpt["activation_mib"], plain["activation_mib"])
+        lines.append(f"{kind}: checkpointing holds {cut} less activation memory (target > 50%), "
                      f"loss {plain['loss']:.6f} vs {ckpt['loss']:.6f}, step time x{ckpt['step_seconds'] / plain['step_seconds']:.2f}")
     return lines
 
