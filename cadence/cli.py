@@ -173,9 +173,12 @@ def eval_(
         _fail(err)
     at_k = f"  pass@{result.k} {result.pass_at_k:.3f}" if result.k > 1 else ""
     episodes = cfg.env is not None or cfg.agent is not None
+    canaries = (f"  canary pass rate {result.canary_pass_rate:.3f} ({result.canaries} canary runs)"
+                if result.canary_pass_rate is not None else "")
     typer.echo(
         f"{checkpoint}: {'held-out success' if episodes else 'pass@1'} {result.pass_at_1:.3f}{at_k}  "
         f"mean reward {result.mean_reward:.3f}  ({result.prompts} held-out {'episodes' if episodes else 'prompts'})"
+        f"{canaries}"
     )
 
 

@@ -219,15 +219,31 @@ class AgentProducer:
                         run.cancel()
 
     async def evaluate(self, samples: int) -> EvalResult:
-        """Held-out success: every eval task `samples` times; a reward >= 1 is a success."""
+        """Held-out success: every eval task `samples` times; a reward >= 1 is a success. With
+        agent.canaries, canary rows in training's share (one per `every` eval tasks, at least one)
+        also play once each: the share whose reward is >= 1 (every hidden test passed) is the
+        canary pass rate. These runs touch neither training's counters nor its threshold."""
         if not self.eval_tasks:
             raise ValueError("AgentProducer.evaluate needs eval_tasks")
         tasks = list(self.eval_tasks)
-        outcomes = await asyncio.gather(*(self._run(t, f"eval {i}") for i, t in enumerate(tasks)
-                                          for _ in range(samples)), return_exceptions=True)
-        rewards = [0.0 if isinstance(o, BaseException) else o[0] for o in outcomes]
+        canaries = self._eval_canaries(len(tasks))
+        plays = [self._run(t, f"eval {i}") for i, t in enumerate(tasks) for _ in range(samples)]
+        plays += [self._run(row, f"eval canary {i}") for i, row in enumerate(canaries)]
+        outcomes = await asyncio.gather(*plays, return_exceptions=True)
+        all_rewards = [0.0 if isinstance(o, BaseException) else o[0] for o in outcomes]
+        rewards, canary_rewards = all_rewards[:len(tasks) * samples], all_rewards[len(tasks) * samples:]
         correct = [sum(r >= 1.0 for r in rewards[i * samples:(i + 1) * samples]) for i in range(len(tasks))]
-        return eval_result(correct, samples, rewards)
+        result = eval_result(correct, samples, rewards)
+        if canaries:
+            result.canary_pass_rate = sum(r >= 1.0 for r in canary_rewards) / len(canaries)
+            result.canaries = len(canaries)
+        return result
+
+    def _eval_canaries(self, eval_tasks: int) -> list[dict]:
+        if self.canaries is None:
+            return []
+        rows = self.canaries.rows
+        return [rows[i % len(rows)] for i in range(max(1, -(-eval_tasks // self.canaries.cfg.every)))]
 
     def metrics(self) -> dict[str, float]:
         names = ("runs", "runs_played", "runs_lost", "runs_retried", "runs_cancelled", "groups", "groups_dropped",

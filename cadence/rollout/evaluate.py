@@ -30,13 +30,18 @@ class EvalResult:
     k: int
     mean_reward: float
     prompts: int
+    canary_pass_rate: float | None = None  # agent.canaries: the share of canary runs that passed (the hack rate)
+    canaries: int = 0  # canary runs played
 
     def as_metrics(self, prefix: str = "eval") -> dict[str, float]:
-        return {
+        out = {
             f"{prefix}/pass@1": self.pass_at_1,
             f"{prefix}/pass@{self.k}": self.pass_at_k,
             f"{prefix}/mean_reward": self.mean_reward,
         }
+        if self.canary_pass_rate is not None:
+            out[f"{prefix}/canary_pass_rate"] = self.canary_pass_rate
+        return out
 
 
 def evaluate(

@@ -4,19 +4,22 @@ rows are what agent.sandbox and agent.grader read."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from cadence.agents.canaries import Canaries
 from cadence.agents.config import CanariesConfig
+from cadence.cli import app
 from cadence.config import load_config
 from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
-from cadence.data.repo_bugs import BUGS, canary_rows, make_task
+from cadence.data.repo_bugs import BUGS, CANARY_SEED, canary_rows, make_task
 from cadence.recipes.train_rlvr import train
 from tests.agents.repo_task import needs_sandbox
 from tests.quick_run import QUICK_RUN
@@ -120,3 +123,48 @@ def test_the_example_trains_two_steps_with_its_bash_agent_over_http(tmp_path, mo
     assert last["agent/grader_graded_total"] >= 8 and last["agent/grader_errors_total"] == 0
     assert last["agent/canary_runs_total"] >= 2 and last["agent/canary_passed_total"] == 0
     assert last["agent/sandboxes_leased"] == 0
+
+
+# An agent that knows the answers: the honest fix on held-out tasks, and on canaries a core.py that
+# returns each hidden test's expected value by heart (what a policy that games its grader does).
+KNOWING_AGENT = """
+import json
+
+FILES = json.loads({files!r})
+
+
+async def run(client, task):
+    await client.chat.completions.create(model="cadence", max_tokens=1, messages=[{{"role": "user", "content": "go"}}])
+    for path, text in FILES[task["instance_id"]].items():
+        await task["sandbox"].awrite_file(path, text)
+    return 0.0
+"""
+
+
+def by_heart(task) -> dict[str, str]:
+    """core.py answering the task's hidden tests from a table of their arguments."""
+    table, fn = {}, ""
+    for test in task.tests:
+        comparison = ast.parse(test).body[0].test
+        fn = comparison.left.func.id
+        table[repr(tuple(ast.literal_eval(a) for a in comparison.left.args))] = ast.literal_eval(comparison.comparators[0])
+    core = next(path for path in task.files if path.endswith("/core.py") and not path.startswith("tests/"))
+    return {core: f"TABLE = {table!r}\n\n\ndef {fn}(*args):\n    return TABLE[repr(args)]\n"}
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_cadence_eval_reports_held_out_solve_rate_and_canary_rate(tmp_path, monkeypatch):
+    held_out = [make_task(0, i) for i in range(3)]
+    canaries = [make_task(0 + CANARY_SEED, i, canary=True) for i in range(2)]
+    files = {t.instance_id: t.fixed_files for t in held_out} | {c.instance_id: by_heart(c) for c in canaries}
+    (tmp_path / "knowing.py").write_text(KNOWING_AGENT.format(files=json.dumps(files)))
+    monkeypatch.chdir(ROOT)
+    done = CliRunner().invoke(app, [
+        "eval", "builtin:calc", "--config", str(ROOT / "examples" / "agents" / "repo_bugs.yaml"),
+        f"agent.name=python:{tmp_path / 'knowing.py'}:run", "agent.kwargs={}", "task.test_size=3",
+        "agent.canaries.every=2", "agent.sandbox.warm=2", "agent.sandbox.http=false",
+    ])
+    assert done.exit_code == 0, done.output
+    assert "held-out success 1.000" in done.output and "(3 held-out episodes)" in done.output
+    assert "canary pass rate 1.000 (2 canary runs)" in done.output
