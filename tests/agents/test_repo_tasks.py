@@ -67,11 +67,11 @@ def test_tasks_are_deterministic_and_varied():
 @pytest.mark.parametrize("index", SAMPLE)
 def test_the_honest_fix_passes_and_the_bug_fails(tmp_path, index):
     task = make_task(0, index)
-    assert passed(task.fixed_files, task.test_setup, task.tests, tmp_path / "fixed") == [True] * len(task.tests)
-    buggy = passed(task.files, task.test_setup, task.tests, tmp_path / "buggy")
-    assert buggy.count(False) >= 3, (task.instance_id, buggy)
-    visible = {"tests/test_core.py": task.files["tests/test_core.py"]}  # the repository's own test
-    assert all(path in task.files for path in visible)
+    visible = task.files["tests/test_core.py"].splitlines()[-1].strip()  # the repository's own test's assert
+    tests = [*task.tests, visible]
+    assert passed(task.fixed_files, task.test_setup, tests, tmp_path / "fixed") == [True] * len(tests)
+    *hidden, shown = passed(task.files, task.test_setup, tests, tmp_path / "buggy")
+    assert hidden.count(False) >= 3 and not shown, (task.instance_id, hidden, shown)
 
 
 @pytest.mark.parametrize("index", range(8))
