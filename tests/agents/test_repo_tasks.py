@@ -28,31 +28,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SAMPLE = range(20)
 
-# Runs the hidden tests in the repository's folder, as the judge does (test_setup, then each
-# snippet), and prints which passed; a fresh interpreter per repository.
+# Runs each repository's hidden tests as the judge does (its test_setup, then each snippet) and
+# prints which passed. The repositories' packages have distinct names, so one folder holds them all.
 RUN_TESTS = """
 import json, sys
-setup, tests = json.loads(sys.stdin.read())
 sys.path.insert(0, ".")
-namespace = {}
-exec(setup, namespace)
-passed = []
-for test in tests:
-    try:
-        exec(test, dict(namespace))
-        passed.append(True)
-    except Exception:
-        passed.append(False)
-print(json.dumps(passed))
+results = []
+for setup, tests in json.loads(sys.stdin.read()):
+    namespace = {}
+    exec(setup, namespace)
+    results.append([])
+    for test in tests:
+        try:
+            exec(test, dict(namespace))
+            results[-1].append(True)
+        except Exception:
+            results[-1].append(False)
+print(json.dumps(results))
 """
 
 
-def passed(files: dict[str, str], setup: str, tests: list[str], folder: Path) -> list[bool]:
-    for path, text in files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text(text)
-    done = subprocess.run([sys.executable, "-c", RUN_TESTS], input=json.dumps([setup, tests]), cwd=folder,
-                          capture_output=True, text=True, check=True)
+def passed(repos: list[tuple[dict[str, str], str, list[str]]], folder: Path) -> list[list[bool]]:
+    """Per repository (files, test_setup, tests): which tests pass, in one fresh interpreter."""
+    for files, _, _ in repos:
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text)
+    done = subprocess.run([sys.executable, "-c", RUN_TESTS], input=json.dumps([[s, t] for _, s, t in repos]),
+                          cwd=folder, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
 
@@ -64,21 +67,24 @@ def test_tasks_are_deterministic_and_varied():
     assert len({make_task(0, i).statement for i in range(300)}) == 300
 
 
-@pytest.mark.parametrize("index", SAMPLE)
-def test_the_honest_fix_passes_and_the_bug_fails(tmp_path, index):
-    task = make_task(0, index)
-    visible = task.files["tests/test_core.py"].splitlines()[-1].strip()  # the repository's own test's assert
-    tests = [*task.tests, visible]
-    assert passed(task.fixed_files, task.test_setup, tests, tmp_path / "fixed") == [True] * len(tests)
-    *hidden, shown = passed(task.files, task.test_setup, tests, tmp_path / "buggy")
-    assert hidden.count(False) >= 3 and not shown, (task.instance_id, hidden, shown)
+def test_the_honest_fix_passes_and_the_bug_fails(tmp_path):
+    tasks = [make_task(0, i) for i in SAMPLE]
+    # Each task's hidden tests, then the assert of the repository's own visible test.
+    tests = [[*t.tests, t.files["tests/test_core.py"].splitlines()[-1].strip()] for t in tasks]
+    fixed = passed([(t.fixed_files, t.test_setup, x) for t, x in zip(tasks, tests, strict=True)], tmp_path / "fixed")
+    buggy = passed([(t.files, t.test_setup, x) for t, x in zip(tasks, tests, strict=True)], tmp_path / "buggy")
+    for task, on_fix, on_bug in zip(tasks, fixed, buggy, strict=True):
+        assert all(on_fix), (task.instance_id, on_fix)
+        *hidden, shown = on_bug
+        assert hidden.count(False) >= 3 and not shown, (task.instance_id, on_bug)
 
 
-@pytest.mark.parametrize("index", range(8))
-def test_a_canary_cannot_pass_with_the_honest_fix(tmp_path, index):
-    canary = make_task(0, index, canary=True)
-    assert passed(canary.fixed_files, canary.test_setup, canary.tests, tmp_path / "fixed") == [False] * len(canary.tests)
-    assert not all(passed(canary.files, canary.test_setup, canary.tests, tmp_path / "buggy"))
+def test_a_canary_cannot_pass_with_the_honest_fix(tmp_path):
+    canaries = [make_task(0, i, canary=True) for i in range(8)]
+    fixed = passed([(c.fixed_files, c.test_setup, c.tests) for c in canaries], tmp_path / "fixed")
+    buggy = passed([(c.files, c.test_setup, c.tests) for c in canaries], tmp_path / "buggy")
+    assert all(not any(on_fix) for on_fix in fixed), fixed
+    assert all(not all(on_bug) for on_bug in buggy), buggy
 
 
 def test_rows_carry_the_workspace_and_hidden_tests_but_never_the_fix():
