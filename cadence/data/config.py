@@ -60,13 +60,14 @@ class TaskConfig(BaseModel):
     name: str = Field(
         "arith",
         description="Task: 'arith' (built-in arithmetic), 'chain' (built-in addition "
-        "chains, long-tailed answers), 'file' (data files), or "
+        "chains, long-tailed answers), 'repo_bugs' (built-in repository tasks for coding agents), "
+        "'file' (data files), or "
         "'rg:<dataset>' for a reasoning-gym dataset, e.g. 'rg:countdown'.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Task options: for 'arith' operations/digits; for 'chain' "
-        "step_min/step_max; for 'rg:*' the "
+        "step_min/step_max; for 'repo_bugs' size; for 'rg:*' the "
         "reasoning-gym dataset config fields (not seed/size, which cadence sets).",
     )
     train_file: str | list[str] | None = Field(
@@ -101,7 +102,7 @@ class TaskConfig(BaseModel):
     test_size: int = Field(
         200,
         ge=0,
-        description="Size of the generated test split ('arith', 'chain', 'rg:*'); train never "
+        description="Size of the generated test split ('arith', 'chain', 'repo_bugs', 'rg:*'); train never "
         "contains these prompts.",
     )
     test_fraction: float = Field(
