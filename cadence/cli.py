@@ -191,8 +191,8 @@ def export(
     """Write a checkpoint as plain Hugging Face weights (a LoRA run's adapter merged into its base)."""
     from pathlib import Path
 
-    from cadence.models.export import export_merged
     from cadence.models.loading import DTYPES
+    from cadence.train.export import export_merged
 
     _quiet_library_bars()
     if dtype not in DTYPES:

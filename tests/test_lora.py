@@ -19,7 +19,6 @@ from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.models.config import LoraConfig
 from cadence.models.critic import ValueModel, small_critic_config
-from cadence.models.export import export_merged
 from cadence.models.loading import enable_activation_checkpointing, load_policy
 from cadence.models.lora import with_lora
 from cadence.models.tiny import char_tokenizer, tiny_model
@@ -27,6 +26,7 @@ from cadence.rollout.sample import Group, Sample
 from cadence.train.batch import collate, flatten
 from cadence.train.checkpoint import save_checkpoint
 from cadence.train.config import TrainerConfig
+from cadence.train.export import export_merged
 from cadence.train.logprobs import batched_logprobs, forward_logits, token_logprobs
 from cadence.train.trainer import PolicyTrainer
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cadence.log_clip import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, clip
 from cadence.yaml_config import ConfigError
 
 CHECK_STEPS = 3  # training steps during which a (nearly) always failing reward stops the run
@@ -27,19 +28,6 @@ BROKEN_FRACTION = 0.9  # failed / scored at or above this is "nearly every rewar
 MIN_SCORED = 8  # judge no fraction on fewer responses than this
 
 SIGNATURE = "fn(prompt, response) -> float, prompt.text / prompt.answer / prompt.meta"
-# A failure's message and traceback can hold the model's text (an exception naming the response):
-# what goes to the logs is cut to these, so a crafted response cannot fill them, nor hold up
-# whatever reads them back (the dashboard).
-MAX_MESSAGE_CHARS = 1000
-MAX_TRACEBACK_CHARS = 20000
-
-
-def clip(text: str, limit: int) -> str:
-    """`text`, or its start and end around a note of how much was cut when it is longer than `limit`."""
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]} ... [{len(text) - 2 * half} characters cut] ... {text[-half:]}"
 
 
 class RewardFunctionError(ConfigError):

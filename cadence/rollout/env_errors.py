@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from cadence.envs.runner import EnvFailure
-from cadence.observe.reward_errors import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, clip
+from cadence.log_clip import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, clip
 from cadence.yaml_config import ConfigError
 
 BROKEN_FRACTION = 0.9  # lost / played at or above this, before any group completed, is "broken"
