@@ -278,8 +278,11 @@ def test_a_malformed_index_is_a_one_line_error(store, tmp_path, index, why):
 def _own_system(folder, script: str, tools: tuple[str, ...] = ()) -> str:
     """A template folder whose python3 is a shell script, with the host's sh and `tools` (and the
     libraries they load) copied in."""
+    # Without LD_PRELOAD: vLLM's CPU platform sets it in this process once imported, and ldd would
+    # list the preloaded venv libraries (under /tmp when the checkout is there) as the tool's own.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     for tool in ("/bin/sh", *tools):
-        ldd = subprocess.run(["ldd", tool], capture_output=True, text=True).stdout
+        ldd = subprocess.run(["ldd", tool], capture_output=True, text=True, env=env).stdout
         for path in [tool, *(w for w in ldd.split() if w.startswith("/"))]:
             (folder / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, folder / path.lstrip("/"))
