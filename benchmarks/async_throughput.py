@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -53,7 +54,6 @@ from cadence.models.loading import load_policy, load_tokenizer
 from cadence.observe.report import write_doc_table
 from cadence.rewards.guard import RewardOutcome
 from cadence.rollout.prompts import PromptStream
-from cadence.rollout.render import PromptRenderer
 from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
@@ -88,8 +88,28 @@ VARIANTS = {
 SYNC = ("sync (inline, 2 threads)", "sync (ray, 1+1 cores)")
 
 
-def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
-    run = train_run([*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}"])
+def cadence_imported() -> str:
+    """Where this process's `cadence` comes from (compare_commits.py runs two trees)."""
+    import cadence
+
+    return str(Path(cadence.__file__).parent)
+
+
+def ray_worker_cadence(overrides: list[str]) -> str:
+    """Start Ray as the run will, and ask one of its worker processes which `cadence` it imports."""
+    import ray
+
+    from cadence.runtime.connect import connect_ray
+
+    connect_ray(load_config(None, overrides).runtime)  # train() then finds Ray started and joins it
+    return ray.get(ray.remote(cadence_imported).remote())
+
+
+def run_variant(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path | None = None) -> dict:
+    """One timed training run; with `run_dir` its metrics and events/ timeline stay there."""
+    load_before = os.getloadavg()
+    ray_cadence = ray_worker_cadence(overrides) if "runtime.kind=ray" in overrides else None
+    run = train_run([*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}"], str(run_dir) if run_dir else None)
     cfg, rs, wall = run.cfg, run.records, run.wall_s
     timed, seconds, samples = timed_steps(rs, warmup)
     tokens = sum(r["response/length_mean"] * cfg.batch_size for r in timed)
@@ -110,7 +130,16 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
         "l_gen_s": split.l_gen if split else None,
         "mu_train_s": split.mu_train if split else None,
         "wall_s": wall,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "cadence": cadence_imported(),
+        "ray_worker_cadence": ray_cadence,
     }
+
+
+def slug(variant: str) -> str:
+    """A variant's name as a folder name: 'async alpha=2' -> 'async_alpha_2'."""
+    return "_".join("".join(c if c.isalnum() else " " for c in variant).split())
 
 
 GENERATION_MODES = {
@@ -125,6 +154,7 @@ def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, s
     # Imported here: the throughput rows alone also run against older cadence (compare_commits.py).
     from cadence.data.build import build_task
     from cadence.inference.hub import InferenceHub
+    from cadence.rollout.render import PromptRenderer
     from cadence.rollout.rlvr import RLVRProducer
 
     torch.set_num_threads(1)  # one engine, one core: the rollout worker's share
@@ -215,13 +245,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
     ap.add_argument("--no-generation-table", action="store_true", help="skip the batch-generation table")
+    ap.add_argument("--runs-dir", type=Path, default=None,
+                    help="keep each variant's run (metrics.jsonl, events/) in a folder here, for async_timeline.py")
     args = ap.parse_args()
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
     rows = []
     for name, overrides in VARIANTS.items():
         if args.only and name not in args.only:
             continue
-        row = run_variant(name, overrides, steps, warmup)
+        run_dir = args.runs_dir / slug(name) if args.runs_dir else None
+        row = run_variant(name, overrides, steps, warmup, run_dir)
         print(json.dumps(row), flush=True)
         rows.append(row)
     gen = [] if args.no_generation_table else generation_table()
