@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from cadence.config import RunConfig
+from cadence.config import RunConfig, RunKind
 from cadence.data.build import build_task
 from cadence.inference.build import build_engine
 from cadence.inference.hub import InferenceHub
@@ -52,9 +52,9 @@ class ConfiguredRolloutWorker(RolloutWorker):
     def __init__(self, cfg: RunConfig, index: int = 0, workers: int = 1, threads: int = 0,
                  background: bool = True) -> None:
         threads = configure_threads(threads)
-        ro = cfg.rollout
+        ro, kind = cfg.rollout, cfg.run_kind
         tokenizer = load_tokenizer(cfg.model.path)
-        if cfg.env is not None:
+        if kind is RunKind.EPISODES:
             from cadence.rollout.turns import turn_format
 
             turns = turn_format(cfg.env, tokenizer)  # chat template or plain text; before the weights load
@@ -63,10 +63,10 @@ class ConfiguredRolloutWorker(RolloutWorker):
         # Prompt replication over workers: every worker takes every prompt and generates its
         # share of the answers (answer j on worker j mod W); WorkerGroup joins the parts.
         spread = _replicated(cfg) and workers > 1
-        if cfg.env is not None:
+        if kind is RunKind.EPISODES:
             producer: GroupProducer = _episodes(cfg, hub, tokenizer, policy, turns, index, workers)
             extra = ro.extra_groups
-        elif cfg.agent is not None:
+        elif kind is RunKind.AGENTS:
             producer = _agent_runs(cfg, hub, tokenizer, policy, index, workers)
             extra = ro.extra_groups
         else:
@@ -154,7 +154,7 @@ def build_rank_trainer(cfg: RunConfig, pad_id: int, checkpoint: str | None, dp: 
 def _replicated(cfg: RunConfig) -> bool:
     """Prompt replication: every worker answers every prompt in part. Never episodes or agent runs:
     a group of those is played whole on one worker."""
-    return cfg.rollout.replicate_prompts and cfg.env is None and cfg.agent is None
+    return cfg.rollout.replicate_prompts and cfg.run_kind is RunKind.RLVR
 
 
 def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int, spread: bool) -> RLVRProducer:
@@ -186,8 +186,8 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
 
 def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index: int, workers: int) -> GroupProducer:
     from cadence.envs.runner import EnvRunner
-    from cadence.rollout.env_errors import EnvErrorReport
     from cadence.rollout.env_rollout import EnvRollout
+    from cadence.rollout.failures import Failures
     from cadence.rollout.lockstep import LockstepRollout
 
     ro, env = cfg.rollout, cfg.env
@@ -204,7 +204,7 @@ def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index
         first_seed=1000 * (cfg.seed + 1) + 10**6 * index,
         eval_params=SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=cfg.eval.temperature, stop=stop),
         eval_episodes=cfg.eval.episodes, **kwargs,
-        errors=EnvErrorReport(env.name, cfg.run_dir() / "env_errors.log"),
+        failures=Failures(env.name, log=cfg.run_dir() / "env_errors.log"),
     )
 
 
@@ -220,7 +220,8 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
     (it starts on the hub's loop with the first run; cadence/agents/producer.py)."""
     from cadence.agents.config import resolve_agent
     from cadence.agents.endpoint import AgentEndpoint
-    from cadence.agents.producer import AgentErrorReport, AgentProducer, sandbox_and_grading
+    from cadence.agents.producer import AgentProducer, sandbox_and_grading
+    from cadence.rollout.failures import AGENT_RUNS, Failures
 
     ro, agent = cfg.rollout, cfg.agent
     assert agent is not None
@@ -234,7 +235,7 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
     return AgentProducer(
         endpoint, resolve_agent(agent.name), tasks, ro.group_size, eval_tasks, kwargs=agent.kwargs,
         timeout_s=agent.timeout_s, max_retries=agent.max_retries,
-        errors=AgentErrorReport(agent.name, cfg.run_dir() / "env_errors.log"), **sandbox_and_grading(agent),
+        failures=Failures(agent.name, AGENT_RUNS, cfg.run_dir() / "env_errors.log"), **sandbox_and_grading(agent),
     )
 
 

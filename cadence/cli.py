@@ -172,7 +172,7 @@ def eval_(
     except ConfigError as err:
         _fail(err)
     at_k = f"  pass@{result.k} {result.pass_at_k:.3f}" if result.k > 1 else ""
-    episodes = cfg.env is not None or cfg.agent is not None
+    episodes = cfg.run_kind.plays_episodes
     canaries = (f"  canary pass rate {result.canary_pass_rate:.3f} ({result.canaries} canary runs)"
                 if result.canary_pass_rate is not None else "")
     typer.echo(

@@ -13,6 +13,7 @@ holds the run as a whole, the checks that span sections, and loading
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,20 @@ class EvalConfig(Section):
         25, ge=0, description="Also evaluate every N training steps, logged as eval/pass@1 etc. at "
         "that step (metrics.jsonl, TensorBoard); 0 = only before and after training."
     )
+
+
+class RunKind(StrEnum):
+    """What a run's groups are made of: answers to the task's prompts (RLVR), episodes of an
+    environment (env.*), or runs of an agent program (agent.*)."""
+
+    RLVR = "rlvr"
+    EPISODES = "episodes"
+    AGENTS = "agents"
+
+    @property
+    def plays_episodes(self) -> bool:
+        """Held out are episodes, scored by their return (agent runs are episodes too)."""
+        return self is not RunKind.RLVR
 
 
 class RunConfig(Section):
@@ -147,6 +162,15 @@ class RunConfig(Section):
     def run_dir(self) -> Path:
         return self.logging.run_folder()
 
+    @property
+    def run_kind(self) -> RunKind:
+        """The one answer to "what kind of run is this" (env and agent never both: see above)."""
+        if self.env is not None:
+            return RunKind.EPISODES
+        if self.agent is not None:
+            return RunKind.AGENTS
+        return RunKind.RLVR
+
 
 def _chain_answers_fit(data: dict) -> dict:
     """With task.name=chain and no rollout.max_new_tokens, budget for the longest worked answer.
@@ -204,7 +228,7 @@ def check_paths(cfg: RunConfig) -> None:
             turn_format(cfg.env, load_tokenizer(cfg.model.path))
         except ValueError as err:
             raise ConfigError(f"invalid config:\n  {err}") from None
-    if cfg.task.chat_template == "on" and cfg.env is None and cfg.agent is None:  # the tokenizer only: cheap
+    if cfg.task.chat_template == "on" and cfg.run_kind is RunKind.RLVR:  # the tokenizer only: cheap
         from cadence.models.loading import load_tokenizer
         from cadence.rollout.render import PromptRenderer
 

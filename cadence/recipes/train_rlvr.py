@@ -111,7 +111,7 @@ def train(cfg: RunConfig, resume: bool = False, allow_change: list[str] | None =
 def _train(cfg: RunConfig, run_dir: Path, workers: WorkerGroup, resume: bool, status: RunStatus) -> RunSummary:
     """Rollout -> train -> weight sync, step after step; its collaborators decide when they are due."""
     threads = configure_threads(trainer_threads(cfg.runtime))
-    held_out = held_out_label(episodes=cfg.env is not None or cfg.agent is not None)  # agent runs are episodes too
+    held_out = held_out_label(episodes=cfg.run_kind.plays_episodes)
     tokenizer = load_tokenizer(cfg.model.path)
     checkpoints = Checkpointer(run_dir, cfg.checkpoint, cfg.trainer.steps, tokenizer, dump_config(cfg))
     folder = checkpoints.latest() if resume else None
