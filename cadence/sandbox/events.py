@@ -46,9 +46,13 @@ class EventLog:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(SCHEMA)
         self._lock = threading.Lock()
+        self._closed = False
 
     def record(self, sandbox_id: str, generation: int, state: str, reason: str) -> None:
+        """Nothing once closed: a release that ends after its pool closed has no log to write."""
         with self._lock:
+            if self._closed:
+                return
             self._db.execute("INSERT INTO events (ts, sandbox_id, generation, state, reason) VALUES (?, ?, ?, ?, ?)",
                              (time.time(), sandbox_id, generation, state, reason))
 
@@ -74,4 +78,5 @@ class EventLog:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._db.close()

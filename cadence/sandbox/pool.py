@@ -179,9 +179,19 @@ class Pool:
         return spare.info()
 
     def refill(self) -> None:
-        """Start spares in the background until `warm` are ready again."""
-        if not self._stop.is_set():
+        """Start spares in the background until `warm` are ready again (nothing once closing)."""
+        if self._stop.is_set():
+            return
+        try:
             self._starter.submit(self._fill)
+        except RuntimeError:  # shut down by a close() that began after the check above
+            pass
+
+    def lease_to(self, sandbox_id: str, owner: str | None) -> None:
+        """Hand a leased sandbox to the client `owner` (one filled for a run before the run asked)."""
+        slot = self._get(sandbox_id)
+        with self._lock:
+            slot.owner = owner
 
     def release(self, sandbox_id: str, reason: str = "released by client") -> None:
         slot = self._get(sandbox_id)
@@ -190,7 +200,7 @@ class Pool:
         self._set(slot, "stopping", reason)
         slot.box.stop()
         self._set(slot, "dead", reason)
-        self._starter.submit(self._fill)
+        self.refill()
 
     def get(self, sandbox_id: str, owner: str | None = None) -> SandboxInfo:
         """`owner`: only that client's sandbox (another's is unknown to it); None: any."""
@@ -347,7 +357,7 @@ class Pool:
         self._set(slot, "dead", reason, generation=generation)
         old.stop()
         if spare:  # the filler starts another spare
-            self._starter.submit(self._fill)
+            self.refill()
             return
         self._set(slot, "starting", f"replacement for generation {generation}: {reason}")
         box = self._start_box(slot.id, old.limits, old.mounts, old.template)

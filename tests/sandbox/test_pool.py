@@ -59,6 +59,25 @@ def test_release_and_unknown_ids(pool):
         pool.exec(info.id, ExecRequest(cmd="true"))
 
 
+def test_a_release_racing_the_pools_close_ends_quietly(pool):
+    """A run's sandbox released (from a daemon thread) while the pool closes: the refill after the
+    release finds the starter shut down, which it tolerates (it raised 'cannot schedule new
+    futures after shutdown')."""
+    info = pool.acquire()
+    box = pool.box(info.id)
+    stop = box.stop
+
+    def stop_while_the_pool_closes():  # the close runs to its end between the release's two steps
+        closing = threading.Thread(target=pool.close)
+        closing.start()
+        closing.join()
+        stop()
+
+    box.stop = stop_while_the_pool_closes
+    pool.release(info.id)
+    assert box.proc is None
+
+
 def test_pool_full(pool):
     held = [pool.acquire() for _ in range(4)]
     with pytest.raises(PoolFull, match="max_size=4"):
