@@ -152,12 +152,12 @@ def _http(url: str | None, token_file: str | None):
 def _get(url: str | None, token_file: str | None, method: str, path: str, **kw):
     import httpx
 
-    from cadence.sandbox.client import _raise_for
+    from cadence.sandbox.client_core import raise_for
 
     base, http = _http(url, token_file)
     try:
         resp = http.request(method, base + path, **kw)
-        _raise_for(resp)
+        raise_for(resp)
     except httpx.HTTPError as e:
         _fail(f"cannot reach the sandbox service at {base}: {type(e).__name__}; is `cadence sandbox serve` running?")
     except SandboxError as e:

@@ -11,189 +11,76 @@ at once with one line (`ServiceUnreachable`: is `cadence sandbox serve` running?
 process), retried: anything whose request never reached the service (connection refused: for up
 to CONNECT_WAIT_S, so a restarting service is waited for), and idempotent reads and stops on
 502/503/504 or a dropped connection. Not retried: an exec or write that may have run (its sandbox's state is unknown).
+
+The calls themselves (requests, retries, errors, parsing) are written once, in client_core.py;
+the two classes here only send, sleep and await.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import time
+from typing import Any
 
 import httpx
 
-from cadence.sandbox.models import ExecRequest, ExecResult, Limits, SandboxDied, SandboxError
+from cadence.sandbox.client_core import (
+    Exchange,
+    SandboxCalls,
+    ServiceBusy,
+    ServiceUnreachable,
+    Steps,
+    T,
+    resolve,
+)
+from cadence.sandbox.models import ExecRequest, ExecResult
 from cadence.sandbox.pool import SandboxInfo
 
-DEFAULT_URL = "http://127.0.0.1:8765"
-DEFAULT_TOKEN_FILE = os.path.join(os.path.expanduser("~"), ".cadence", "sandbox", "token")
-RETRIES = 3
-CONNECT_WAIT_S = 10.0  # a refused connection to a service once reached is retried this long: a restart
+__all__ = ["AsyncSandbox", "Sandbox", "ServiceBusy", "ServiceUnreachable", "resolve"]
 
 
-def resolve(url: str | list[str] | None, token: str | None) -> tuple[list[str], str]:
-    urls = url if isinstance(url, list) else [url or os.environ.get("CADENCE_SANDBOX_URL", DEFAULT_URL)]
-    if token is None:
-        token = os.environ.get("CADENCE_SANDBOX_TOKEN")
-    if token is None:
-        path = os.environ.get("CADENCE_SANDBOX_TOKEN_FILE", DEFAULT_TOKEN_FILE)
-        try:
-            with open(path) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise SandboxError(f"no token: pass token=, set CADENCE_SANDBOX_TOKEN, or start the service "
-                               f"(it writes {path})") from e
-    return [u.rstrip("/") for u in urls], token
-
-
-class ServiceBusy(SandboxError):
-    """The service's pool is full (HTTP 429)."""
-
-
-class ServiceUnreachable(SandboxError):
-    """Nothing answers at the service's URL."""
-
-
-REACHED: set[str] = set()  # services (scheme://host:port) that answered a client of this process
-
-
-def service_of(url: str) -> str:
-    where = httpx.URL(url)
-    return f"{where.scheme}://{where.netloc.decode()}"
-
-
-def connect_wait(url: str, first_contact_s: float) -> float:
-    """How long a refused connection to `url` is retried: CONNECT_WAIT_S for a service that
-    answered before (a restart), `first_contact_s` for one never reached (maybe not running)."""
-    return CONNECT_WAIT_S if service_of(url) in REACHED else first_contact_s
-
-
-def unreachable(url: str, exc: Exception) -> ServiceUnreachable:
-    return ServiceUnreachable(f"cannot reach the sandbox service at {service_of(url)} "
-                              f"({type(exc).__name__}); is `cadence sandbox serve` running?")
-
-
-def _raise_for(resp: httpx.Response) -> None:
-    if resp.status_code < 400:
-        return
-    try:
-        detail = resp.json().get("detail", resp.text)
-    except ValueError:
-        detail = resp.text
-    if not isinstance(detail, str):  # pydantic validation errors: name the field
-        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-    msg = f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {detail}"
-    if resp.status_code == 503:
-        raise SandboxDied(msg)
-    raise ServiceBusy(msg) if resp.status_code == 429 else SandboxError(msg)
-
-
-SAFE = {"GET", "DELETE"}
-RETRY_STATUS = {502, 503, 504}
-
-
-def _exec_body(cmd, code, stdin, session, timeout_s, env, judge) -> dict:
-    return ExecRequest(cmd=cmd, code=code, stdin=stdin, session=session, timeout_s=timeout_s,
-                       env=env or {}, judge=judge).model_dump()
-
-
-class Sandbox:
+class Sandbox(SandboxCalls):
     """A sandbox on a service, created on enter (or `start()`), stopped on exit (or `stop()`)."""
 
-    def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0,
-                 template: str | None = None) -> None:
-        """`connect_wait_s`: how long to wait for a service not reached yet (one starting beside
-        this client); 0 fails at once with a one-line ServiceUnreachable."""
-        self.urls, token = resolve(url, token)
-        self.limits = limits
-        self.template = template  # a template's name on the service (its root file system)
-        self.connect_wait_s = connect_wait_s
-        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
-        self.url: str | None = None
-        self.id: str | None = None
+    http_client = httpx.Client
+    start_hint = "use `with Sandbox(...)` or call start()"
 
-    def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
-        if connect_wait_s is None:
-            connect_wait_s = connect_wait(url, self.connect_wait_s)
-        deadline, attempt = time.monotonic() + connect_wait_s, 0
-        while True:
+    def _run(self, steps: Steps[T]) -> T:
+        exchange = Exchange(steps)
+        for send in exchange:
+            if send.after_s:
+                time.sleep(send.after_s)
             try:
-                resp = self.http.request(method, url, **kw)
-                REACHED.add(service_of(url))
-            except httpx.ConnectError as e:  # nothing reached the service: always safe to retry
-                if time.monotonic() >= deadline:
-                    raise unreachable(url, e) from None
-            except httpx.TransportError:
-                if method not in SAFE or attempt >= RETRIES:
-                    raise
-            else:
-                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt >= RETRIES:
-                    _raise_for(resp)
-                    return resp
-            time.sleep(min(0.05 * 2 ** attempt, 1.0))
-            attempt += 1
+                exchange.reply = self.http.request(send.method, send.url, **send.kw)
+            except Exception as e:  # the call sees it where it sent the request
+                exchange.error = e
+        return exchange.value
 
-    def _pick(self) -> list[str]:
-        if len(self.urls) == 1:
-            return self.urls
-        load = {}
-        for u in self.urls:
-            try:
-                load[u] = sum(self._req("GET", f"{u}/v1/health", connect_wait_s=0).json()["counts"].values())
-            except (httpx.HTTPError, SandboxError):
-                continue
-        return sorted(load, key=load.get) or self.urls
+    def _req(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        """One request under client_core's retry rule (for a subclass's own routes: HostedEnv)."""
+        return self._run(self._request(method, url, **kw))
 
     def start(self) -> Sandbox:
-        body = {"limits": self.limits.model_dump()} if self.limits else {}
-        if self.template:
-            body["template"] = self.template
-        err: Exception | None = None
-        for u in self._pick():
-            try:
-                wait = connect_wait(u, self.connect_wait_s) if len(self.urls) == 1 else 0.0  # else the next one
-                info = SandboxInfo(**self._req("POST", f"{u}/v1/sandboxes", wait, json=body).json())
-            except (ServiceUnreachable, ServiceBusy) as e:  # down, or full: try the next service
-                err = e
-                continue
-            self.url, self.id = u, info.id
-            return self
-        if len(self.urls) == 1:
-            raise err
-        raise SandboxError(f"no sandbox service could create a sandbox ({err})")
-
-    @property
-    def _base(self) -> str:
-        if self.id is None:
-            raise SandboxError("sandbox not started: use `with Sandbox(...)` or call start()")
-        return f"{self.url}/v1/sandboxes/{self.id}"
+        self._run(self._start())
+        return self
 
     def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, stdin: str = "",
              session: bool = False, timeout_s: float | None = None, env: dict | None = None,
              judge: bool = False) -> ExecResult:
-        body = _exec_body(cmd, code, stdin, session, timeout_s, env, judge)
-        return ExecResult(**self._req("POST", f"{self._base}/exec", json=body).json())
+        return self._run(self._exec(ExecRequest(cmd=cmd, code=code, stdin=stdin, session=session,
+                                                timeout_s=timeout_s, env=env or {}, judge=judge)))
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
-        raw = data.encode() if isinstance(data, str) else data
-        body = {"path": path, "content": base64.b64encode(raw).decode(), "encoding": "base64", "mode": mode}
-        return self._req("POST", f"{self._base}/files", json=body).json()["path"]
+        return self._run(self._write_file(path, data, mode))
 
     def read_file(self, path: str) -> bytes:
-        return base64.b64decode(self._req("GET", f"{self._base}/files", params={"path": path}).json()["content"])
+        return self._run(self._read_file(path))
 
     def status(self) -> SandboxInfo:
-        return SandboxInfo(**self._req("GET", self._base).json())
+        return self._run(self._status())
 
     def stop(self) -> None:
-        if self.id is not None:
-            try:
-                self._req("DELETE", self._base)
-            except SandboxError as e:
-                if "404" not in str(e):
-                    raise
-            self.id = None
+        self._run(self._stop())
 
     def close(self) -> None:
         try:
@@ -208,102 +95,44 @@ class Sandbox:
         self.close()
 
 
-class AsyncSandbox:
+class AsyncSandbox(SandboxCalls):
     """`Sandbox` for asyncio: the same calls, awaited."""
 
-    def __init__(self, url: str | list[str] | None = None, token: str | None = None,
-                 limits: Limits | None = None, timeout_s: float = 600.0, connect_wait_s: float = 0.0,
-                 template: str | None = None) -> None:
-        self.urls, token = resolve(url, token)
-        self.limits = limits
-        self.template = template  # a template's name on the service (its root file system)
-        self.connect_wait_s = connect_wait_s
-        self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
-        self.url: str | None = None
-        self.id: str | None = None
+    http_client = httpx.AsyncClient
+    start_hint = "use `async with AsyncSandbox(...)` or await start()"
 
-    async def _req(self, method: str, url: str, connect_wait_s: float | None = None, **kw) -> httpx.Response:
-        if connect_wait_s is None:
-            connect_wait_s = connect_wait(url, self.connect_wait_s)
-        deadline, attempt = time.monotonic() + connect_wait_s, 0
-        while True:
+    async def _run(self, steps: Steps[T]) -> T:
+        exchange = Exchange(steps)
+        for send in exchange:
+            if send.after_s:
+                await asyncio.sleep(send.after_s)
             try:
-                resp = await self.http.request(method, url, **kw)
-                REACHED.add(service_of(url))
-            except httpx.ConnectError as e:
-                if time.monotonic() >= deadline:
-                    raise unreachable(url, e) from None
-            except httpx.TransportError:
-                if method not in SAFE or attempt >= RETRIES:
-                    raise
-            else:
-                if not (method in SAFE and resp.status_code in RETRY_STATUS) or attempt >= RETRIES:
-                    _raise_for(resp)
-                    return resp
-            await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
-            attempt += 1
-
-    async def _pick(self) -> list[str]:
-        if len(self.urls) == 1:
-            return self.urls
-        load = {}
-        for u in self.urls:
-            try:
-                load[u] = sum((await self._req("GET", f"{u}/v1/health", connect_wait_s=0)).json()["counts"].values())
-            except (httpx.HTTPError, SandboxError):
-                continue
-        return sorted(load, key=load.get) or self.urls
+                exchange.reply = await self.http.request(send.method, send.url, **send.kw)
+            except Exception as e:
+                exchange.error = e
+        return exchange.value
 
     async def start(self) -> AsyncSandbox:
-        body = {"limits": self.limits.model_dump()} if self.limits else {}
-        if self.template:
-            body["template"] = self.template
-        err: Exception | None = None
-        for u in await self._pick():
-            try:
-                wait = connect_wait(u, self.connect_wait_s) if len(self.urls) == 1 else 0.0
-                info = SandboxInfo(**(await self._req("POST", f"{u}/v1/sandboxes", wait, json=body)).json())
-            except (ServiceUnreachable, ServiceBusy) as e:
-                err = e
-                continue
-            self.url, self.id = u, info.id
-            return self
-        if len(self.urls) == 1:
-            raise err
-        raise SandboxError(f"no sandbox service could create a sandbox ({err})")
-
-    @property
-    def _base(self) -> str:
-        if self.id is None:
-            raise SandboxError("sandbox not started: use `async with AsyncSandbox(...)` or await start()")
-        return f"{self.url}/v1/sandboxes/{self.id}"
+        await self._run(self._start())
+        return self
 
     async def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, stdin: str = "",
                    session: bool = False, timeout_s: float | None = None, env: dict | None = None,
-             judge: bool = False) -> ExecResult:
-        body = _exec_body(cmd, code, stdin, session, timeout_s, env, judge)
-        return ExecResult(**(await self._req("POST", f"{self._base}/exec", json=body)).json())
+                   judge: bool = False) -> ExecResult:
+        return await self._run(self._exec(ExecRequest(cmd=cmd, code=code, stdin=stdin, session=session,
+                                                      timeout_s=timeout_s, env=env or {}, judge=judge)))
 
     async def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> str:
-        raw = data.encode() if isinstance(data, str) else data
-        body = {"path": path, "content": base64.b64encode(raw).decode(), "encoding": "base64", "mode": mode}
-        return (await self._req("POST", f"{self._base}/files", json=body)).json()["path"]
+        return await self._run(self._write_file(path, data, mode))
 
     async def read_file(self, path: str) -> bytes:
-        resp = await self._req("GET", f"{self._base}/files", params={"path": path})
-        return base64.b64decode(resp.json()["content"])
+        return await self._run(self._read_file(path))
 
     async def status(self) -> SandboxInfo:
-        return SandboxInfo(**(await self._req("GET", self._base)).json())
+        return await self._run(self._status())
 
     async def stop(self) -> None:
-        if self.id is not None:
-            try:
-                await self._req("DELETE", self._base)
-            except SandboxError as e:
-                if "404" not in str(e):
-                    raise
-            self.id = None
+        await self._run(self._stop())
 
     async def close(self) -> None:
         try:

@@ -306,7 +306,7 @@ class HostedEnv(Sandbox):
 
     def start(self) -> HostedEnv:
         body = self.spec.model_dump()
-        for u in self._pick():
+        for u in self._run(self._pick()):
             self.id = self._req("POST", f"{u}/v1/envs", json=body).json()["id"]
             self.url = u
             return self
