@@ -133,10 +133,10 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
 
     asyncio.run(main())
     samples = [s for g in finished for s in g.samples]
-    counts = rollout.counts
-    return {"completed": len(samples), "lost": counts["groups_dropped"] * group_size,
-            "groups_dropped": counts["groups_dropped"], "retried_episodes_attempts": counts["retried"],
-            "failures": {k: v for k, v in counts.items() if k.startswith("lost/")},
+    failures = rollout.failures
+    return {"completed": len(samples), "lost": failures.groups_dropped * group_size,
+            "groups_dropped": failures.groups_dropped, "retried_episodes_attempts": failures.retried,
+            "failures": {f"lost/{k}": v for k, v in failures.lost_by_kind.items()},
             "rewards_not_1": sum(s.reward != 1.0 for s in samples), "turns": rollout.turn_total,
             "engine": "embedded (built-in model)"}
 

@@ -6,7 +6,7 @@ import pytest
 
 from cadence.config import load_config
 from cadence.recipes.train_rlvr import train
-from cadence.rollout.env_errors import EnvironmentFailing
+from cadence.rollout.failures import ProducerFailing
 from tests.quick_run import QUICK_RUN
 
 BROKEN = [
@@ -27,7 +27,7 @@ BROKEN = [
 def test_an_environment_that_always_fails_stops_the_run_with_its_cause(env, cause, alpha, tmp_path):
     cfg = load_config(None, [*BROKEN, f"env.name=python:tests/broken_envs.py:{env}", f"rollout.async_ratio={alpha}",
                              f"logging.run_dir={tmp_path}"])
-    with pytest.raises(EnvironmentFailing, match=cause) as failing:
+    with pytest.raises(ProducerFailing, match=cause) as failing:
         train(cfg)
     assert "\n" not in str(failing.value)  # one line
     assert f"env.name=python:tests/broken_envs.py:{env}" in str(failing.value)

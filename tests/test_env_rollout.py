@@ -14,6 +14,7 @@ from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
 from cadence.rollout.env_rollout import EnvRollout
 from cadence.rollout.worker import RolloutWorker
+from tests.inference.hub_probe import busy
 
 CALLS: dict[str, int] = {}
 
@@ -91,8 +92,8 @@ def test_groups_of_episodes_share_a_seed_and_reach_the_buffer():
         seed = int(g.prompt_id.removeprefix("seed"))
         assert all(s.reward == float(seed % 2 == 0) for s in g.samples)
         assert all(sum(s.loss_mask) < len(s.loss_mask) for s in g.samples)  # observations masked
-    assert rollout.counts["episodes"] == 12 and rollout.turn_total == 24
-    assert not hub.has_work()
+    assert rollout.failures.played == 12 and rollout.turn_total == 24
+    assert not busy(hub)
 
 
 def test_a_lost_episode_is_counted_and_replaced_on_the_same_seed():
@@ -100,7 +101,7 @@ def test_a_lost_episode_is_counted_and_replaced_on_the_same_seed():
     hub, rollout = _rollout(FailsEveryThirdEpisode)
     groups = asyncio.run(_collect(hub, rollout, groups=3))
     assert len(groups) == 3 and all(len(g.samples) == 3 for g in groups)
-    assert rollout.counts["lost/raised"] >= 3 and rollout.counts["retried"] == rollout.counts["lost/raised"]
+    assert rollout.failures.lost_by_kind["raised"] >= 3 and rollout.failures.retried == rollout.failures.lost
 
 
 def test_redundancy_closes_a_group_without_its_fail_stop_straggler():
@@ -108,8 +109,8 @@ def test_redundancy_closes_a_group_without_its_fail_stop_straggler():
     hub, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=1, timeout=3600)
     groups = asyncio.run(_collect(hub, rollout, groups=2))
     assert len(groups) == 2 and all(len(g.samples) == 2 for g in groups)
-    assert rollout.counts["cancelled"] >= 1  # the hung episode was cancelled when its group closed
-    assert rollout.counts.get("lost/timeout", 0) == 0  # nobody waited for its (hour-long) timeout
+    assert rollout.failures.cancelled >= 1  # the hung episode was cancelled when its group closed
+    assert rollout.failures.lost_by_kind["timeout"] == 0  # nobody waited for its (hour-long) timeout
 
 
 def test_without_redundancy_a_fail_stop_environment_costs_its_timeout():
@@ -117,7 +118,7 @@ def test_without_redundancy_a_fail_stop_environment_costs_its_timeout():
     hub, rollout = _rollout(OneNeverAnswers, group_size=2, redundancy=0, timeout=0.2)
     groups = asyncio.run(_collect(hub, rollout, groups=1))
     assert len(groups) == 1 and len(groups[0].samples) == 2
-    assert rollout.counts["lost/timeout"] == 1 and rollout.counts["retried"] == 1
+    assert rollout.failures.lost_by_kind["timeout"] == 1 and rollout.failures.retried == 1
 
 
 class AlwaysRaises(TwoTurns):
@@ -131,7 +132,7 @@ def test_a_group_whose_last_episodes_fail_together_is_dropped():
     hub, rollout = _rollout(AlwaysRaises, group_size=3)
     rollout.max_retries = 0
     asyncio.run(_collect(hub, rollout, groups=2, deadline_s=10))
-    assert rollout.counts["groups_dropped"] == 2 and rollout.counts["lost/raised"] == 6
+    assert rollout.failures.groups_dropped == 2 and rollout.failures.lost_by_kind["raised"] == 6
 
 
 class FirstEpisodeRaises(TwoTurns):
@@ -158,8 +159,8 @@ def test_a_group_that_ran_out_of_retries_is_dropped_when_its_last_episode_finish
     hub, rollout = _rollout(FirstEpisodeRaises, group_size=3)
     rollout.max_retries = 0
     asyncio.run(_collect(hub, rollout, groups=1, deadline_s=10))
-    assert rollout.counts["groups_dropped"] == 1 and rollout.counts["lost/raised"] == 1
-    assert rollout.counts["episodes"] == 3 and not rollout.open
+    assert rollout.failures.groups_dropped == 1 and rollout.failures.lost_by_kind["raised"] == 1
+    assert rollout.failures.played == 3 and not rollout.open
 
 
 class RecordsSeeds(TwoTurns):
@@ -215,7 +216,7 @@ class AnswersAsCancelled(EnvRollout):
                     answered.append(done)
             StepsOnCue.cue.set()
             assert answered and all(done.wait(30) for done in answered)
-            self.cancelled = [t for g in self.open.values() for t in g.tasks]
+            self.cancelled = [t for g in self.open.values() for t in g.plays]
         await super().cancel()
 
 
@@ -241,7 +242,7 @@ def test_stopping_a_worker_cancels_episodes_whose_environment_answers_at_that_mo
             worker.stop()
         assert rollout.cancelled and all(t.done() for t in rollout.cancelled)
         assert not caplog.records  # the guard on cancelling was never hit
-        assert rollout.counts["cancelled"] == len(rollout.cancelled) and not worker._tasks
+        assert rollout.failures.cancelled == len(rollout.cancelled) and not worker._tasks
     finally:
         StepsOnCue.cue.set()
         worker.close()

@@ -169,7 +169,7 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
         rollout.version = 1
         plays.append(asyncio.ensure_future(rollout.play(rollout.next_key(), 2)))
         await asyncio.sleep(0)
-        stale_tasks = [t for gid in (0, 1) for t in rollout.open[gid].tasks]
+        stale_tasks = [t for gid in (0, 1) for t in rollout.open[gid].plays]
         closed = rollout.cancel_stale(1)
         await asyncio.gather(*stale_tasks, return_exceptions=True)
         # Their episodes ended (cancelled, or ended by the cancellation at an environment call).
@@ -178,11 +178,11 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
         await rollout.cancel()
         stop.set()
         await server
-        return closed, open_now, rollout.counts
+        return closed, open_now, rollout.stale_cancelled, rollout.failures.groups_dropped
 
-    closed, open_now, counts = asyncio.run(scenario())
-    assert closed == 2 and open_now == ([2], True, 4) and counts["groups_stale"] == 2
-    assert counts["groups_dropped"] == 0  # stale is not "out of retries"
+    closed, open_now, stale, dropped = asyncio.run(scenario())
+    assert closed == 2 and open_now == ([2], True, 4) and stale == 2
+    assert dropped == 0  # stale is not "out of retries"
 
 
 def test_the_worker_runs_lockstep_with_extra_groups_from_config():
@@ -218,11 +218,11 @@ def test_cancel_stale_closes_a_lockstep_batch_too():
                 asyncio.ensure_future(rollout.play(rollout.next_key(), gid))
             await asyncio.sleep(0.01)  # the driver opens the batch
             rollout.version = 1
-            return rollout.cancel_stale(1), rollout.counts
+            return rollout.cancel_stale(1), rollout.stale_cancelled, rollout.failures.groups_dropped
         finally:
             await rollout.cancel()
             stop.set()
             await server
 
-    closed, counts = asyncio.run(scenario())
-    assert closed == 2 and counts["groups_stale"] == 2 and counts["groups_dropped"] == 0
+    closed, stale, dropped = asyncio.run(scenario())
+    assert closed == 2 and stale == 2 and dropped == 0

@@ -11,10 +11,10 @@ reward under "reward".
 Lost runs. A run that raises, runs past `timeout_s`, returns no number, or
 returns without one request through its client is lost: counted, and replaced
 by a new run on the same task, up to `max_retries` per group. A group trains on
-the runs that finished (None when none did). As for environments
-(cadence/rollout/env_errors.py), the first failure of each kind is printed
+the runs that finished (dropped when none did). The rule is the environments'
+(cadence/rollout/failures.py): the first failure of each kind is printed
 with its traceback from the agent's code on and kept in `<run>/env_errors.log`,
-and a run whose first groups (nearly) all fail stops with `EnvironmentFailing`
+and a run whose first groups (nearly) all fail stops with `ProducerFailing`
 naming `agent.name` and the cause.
 
 Weighting when a run splits. A run whose agent rewrote its history (or whose
@@ -56,9 +56,8 @@ from cadence.agents.endpoint import AgentEndpoint
 from cadence.agents.grader import Grader
 from cadence.agents.task_sandbox import TaskGroup, TaskSandboxes
 from cadence.agents.trajectory import Trajectory
-from cadence.envs.runner import EnvFailure
-from cadence.rollout.env_errors import EnvErrorReport, EnvironmentFailing
 from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.failures import AGENT_RUNS, Failures, OpenGroup, RunFailure, stale
 from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group, Sample
@@ -72,13 +71,6 @@ _NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_
 
 class AgentLost(RuntimeError):
     """An agent run that produced nothing to train on."""
-
-
-class AgentErrorReport(EnvErrorReport):
-    """The environment report's counting and stopping rule, worded for agent runs."""
-
-    what, setting, one, many, key = "agent", "agent.name", "a run", "runs", "task"
-    fix = "fix the agent (try it alone against `cadence serve`)"
 
 
 class LostPerTask:
@@ -113,7 +105,7 @@ class AgentProducer:
     def __init__(self, endpoint: AgentEndpoint, agent: AgentFn, tasks: Sequence[Any], group_size: int,
                  eval_tasks: Sequence[Any] = (), first_key: int = 0, kwargs: dict | None = None,
                  timeout_s: float | None = None, max_retries: int | None = None,
-                 errors: EnvErrorReport | None = None, sandboxes: TaskSandboxes | None = None,
+                 failures: Failures | None = None, sandboxes: TaskSandboxes | None = None,
                  grader: Grader | None = None, canaries: Canaries | None = None) -> None:
         if not tasks:
             raise ValueError("AgentProducer needs at least one task")
@@ -127,14 +119,13 @@ class AgentProducer:
         self.group_size = group_size
         self.timeout_s = timeout_s
         self.max_retries = 2 * group_size if max_retries is None else max_retries
-        self.errors = errors or AgentErrorReport("the agent", echo=False)
+        self.failures = failures or Failures("the agent", AGENT_RUNS, echo=False)
         self.next = first_key
         self.skip: set[int] = set()  # keys past `next` already trained on (a resumed run skips them)
         self.version = 0
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()  # runs started, samples
         self.lost_per_task = LostPerTask()
-        self.first_failure: str | None = None
-        self.open: dict[int, tuple[int, set[asyncio.Task]]] = {}  # group id -> (version, its runs)
+        self.open: dict[int, OpenGroup] = {}  # group id -> its runs in flight
         self.sandboxes, self.grader, self.canaries = sandboxes, grader, canaries
         self.returned: list[float] = []  # the agents' own rewards since the last metrics (grader runs)
         self._tls = ssl.create_default_context()
@@ -156,17 +147,16 @@ class AgentProducer:
         if canary is not None:
             task, index = canary, f"canary-{key}"
         try:
-            group = await self.sandboxes.open_group(task) if self.sandboxes is not None else None
+            group = await self.sandboxes.open_group(task, self.group_size) if self.sandboxes is not None else None
         except SandboxError as exc:  # the task's workspace could not be prepared: no run can play it
-            self._lost(EnvFailure("raised", "run", f"task sandbox: {exc}"), index)  # type: ignore[arg-type]
-            self.counts["groups"] += 1
-            self.counts["groups_dropped"] += 1
-            self._check()
+            self._lost(RunFailure("raised", f"task sandbox: {exc}"), index)
+            self.failures.group_ended(kept=False)
+            self.failures.check()
             return None
         runs = {asyncio.ensure_future(self._run(task, index, group, canary is not None)) for _ in range(self.group_size)}
-        self.open[group_id] = (self.version, runs)
+        self.open[group_id] = opened = OpenGroup(self.version, runs)
         finished: list[tuple[float, Trajectory]] = []
-        retries = lost = 0
+        lost = 0
         try:
             while runs:
                 done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
@@ -178,11 +168,9 @@ class AgentProducer:
                         finished.append(run.result())
                         continue
                     lost += 1
-                    if retries < self.max_retries:  # lost (reported in _run): another try, same task
-                        retries += 1
-                        self.counts["runs_retried"] += 1
+                    if self.failures.retry(opened, self.max_retries):  # lost (reported in _run): again
                         runs.add(asyncio.ensure_future(self._run(task, index, group, canary is not None)))
-                self._check()
+                self.failures.check()
                 if self.canaries is not None:
                     self.canaries.check()
         finally:
@@ -196,27 +184,19 @@ class AgentProducer:
         samples: list[Sample] = []
         for reward, trajectory in finished:
             samples += trajectory.samples(reward, group_id, f"task-{index}")
-        self.counts["groups"] += 1
+        self.failures.group_ended(kept=bool(samples))
         if not samples:
-            self.counts["groups_dropped"] += 1
-            self._check()
+            self.failures.check()
             return None
         self.counts["samples"] += len(samples)
         return Group(group_id, samples[0].prompt_id, samples)
 
-    def _check(self) -> None:
-        """Stop the run (EnvironmentFailing, which the worker reports) when nothing completed and
-        (nearly) every run failed."""
-        done = self.counts["groups"] - self.counts["groups_dropped"]
-        self.errors.check(self.counts["runs_played"], done, self.counts["groups_dropped"])
-
     def on_weights(self, version: int, cancel_before: int | None) -> None:
         self.version = version
         if cancel_before is not None:
-            for started, runs in list(self.open.values()):
-                if started < cancel_before:
-                    for run in runs:
-                        run.cancel()
+            for opened in stale(self.open, cancel_before):
+                for run in opened.plays:
+                    run.cancel()
 
     async def evaluate(self, samples: int) -> EvalResult:
         """Held-out success: every eval task `samples` times; a reward >= 1 is a success. With
@@ -246,9 +226,11 @@ class AgentProducer:
         return [rows[i % len(rows)] for i in range(max(1, -(-eval_tasks // self.canaries.cfg.every)))]
 
     def metrics(self) -> dict[str, float]:
-        names = ("runs", "runs_played", "runs_lost", "runs_retried", "runs_cancelled", "groups", "groups_dropped",
-                 "samples")
-        out = {f"agent/{k}_total": float(self.counts[k]) for k in names}
+        f = self.failures
+        counts = {"runs": self.counts["runs"], "runs_played": f.played, "runs_lost": f.lost, "runs_retried": f.retried,
+                  "runs_cancelled": f.cancelled, "groups": f.groups_done + f.groups_dropped,
+                  "groups_dropped": f.groups_dropped, "samples": self.counts["samples"]}
+        out = {f"agent/{k}_total": float(v) for k, v in counts.items()}
         out.update(self.lost_per_task.metrics())
         if self.sandboxes is not None:
             out.update(self.sandboxes.metrics())
@@ -276,7 +258,7 @@ class AgentProducer:
         return TrainedKeys(self.next, self.skip)
 
     async def cancel(self) -> None:
-        runs = [r for _, group in self.open.values() for r in group]
+        runs = [r for opened in self.open.values() for r in opened.plays]
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
@@ -312,7 +294,7 @@ class AgentProducer:
             try:
                 after = await sandbox.snapshot() if self.grader is not None else None
             except SandboxError as exc:  # its sandbox died under it: lost (and replayed), not scored 0
-                self._lost(EnvFailure("raised", "run", f"task sandbox: {exc}"), label, played=True)  # type: ignore[arg-type]
+                self._lost(RunFailure("raised", f"task sandbox: {exc}"), label, played=True)
                 raise AgentLost(f"task sandbox: {exc}") from exc
         if self.grader is None or after is None:
             return returned, trajectory
@@ -320,8 +302,7 @@ class AgentProducer:
         try:
             report = await self.grader.grade(group, row, self.grader.changes(row, group.pristine, after))
         except Exception as exc:  # a row the grader cannot use (no hidden tests): said once, loud
-            self._lost(EnvFailure("raised", "run", f"grading: {type(exc).__name__}: {exc}"), label,  # type: ignore[arg-type]
-                       played=True)
+            self._lost(RunFailure("raised", f"grading: {type(exc).__name__}: {exc}"), label, played=True)
             raise AgentLost(f"grading: {exc}") from exc
         reward = self.grader.score(report)
         self.returned.append(returned)
@@ -342,40 +323,35 @@ class AgentProducer:
         client = openai.AsyncOpenAI(base_url=self.endpoint.run_url(run_id), api_key=run_id, max_retries=0,
                                     http_client=http)
         self.counts["runs"] += 1
-        failure: EnvFailure | None = None
+        failure: RunFailure | None = None
         try:
             returned = await asyncio.wait_for(self.agent(client, task, **self.kwargs), self.timeout_s)
             reward = _reward(returned)
         except asyncio.CancelledError:
-            self.counts["runs_cancelled"] += 1
+            self.failures.cancelled += 1
             raise
         except TimeoutError:
-            failure = EnvFailure("timeout", "run", f"run took longer than {self.timeout_s:g} s (agent.timeout_s)")  # type: ignore[arg-type]
+            failure = RunFailure("timeout", f"run took longer than {self.timeout_s:g} s (agent.timeout_s)")
             raise
         except Exception as exc:
-            failure = EnvFailure("raised", "run", f"run: {type(exc).__name__}: {exc}",  # type: ignore[arg-type]
-                                 traceback=_user_traceback(exc))
+            failure = RunFailure("raised", f"run: {type(exc).__name__}: {exc}", traceback=_user_traceback(exc))
             raise
         finally:
             trajectory = self.endpoint.close_run(run_id)
             await http.aclose()
             if failure is None and trajectory.counts["requests"] == 0 and not self._cancelled():
-                failure = EnvFailure("raised", "run", "run: the agent returned without a request through "  # type: ignore[arg-type]
-                                     "the client it was given (use that client, or its base_url)")
+                failure = RunFailure("raised", "run: the agent returned without a request through the client it "
+                                     "was given (use that client, or its base_url)")
             if failure is not None:
                 self._lost(failure, label)
         if trajectory.counts["requests"] == 0:
             raise AgentLost(failure.message if failure else "no request")
-        self.counts["runs_played"] += 1
+        self.failures.finished()
         return reward, trajectory
 
-    def _lost(self, failure: EnvFailure, label: int | str, played: bool = False) -> None:
+    def _lost(self, failure: RunFailure, label: int | str, played: bool = False) -> None:
         """`played`: the run was counted as played already (it failed after its agent returned)."""
-        self.counts["runs_played"] += not played
-        self.counts["runs_lost"] += 1
-        if self.first_failure is None:
-            self.first_failure = failure.traceback or failure.message
-        self.errors.lost(failure, label)  # type: ignore[arg-type]
+        self.failures.record_lost(failure, label, played)
 
     @staticmethod
     def _cancelled() -> bool:
@@ -412,4 +388,4 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-__all__ = ["AgentErrorReport", "AgentLost", "AgentProducer", "EnvironmentFailing"]
+__all__ = ["AgentLost", "AgentProducer"]

@@ -9,7 +9,7 @@ kept, so a model turn splits into its text and one `call` turn per tool call (na
 arguments, with the tokens that wrote it), and the inserted turn after a call is its `tool`
 result. Every token stays in exactly one turn.
 
-Lost episodes. `<run>/env_errors.log` (cadence/rollout/env_errors.py) holds the first failure
+Lost episodes. `<run>/env_errors.log` (cadence/rollout/failures.py) holds the first failure
 of each kind, with its traceback; the metrics count every lost episode or agent run.
 """
 

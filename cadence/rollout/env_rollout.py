@@ -27,18 +27,17 @@ from 10**9).
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from cadence.envs.runner import EnvRunner
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import SamplingParams
-from cadence.rollout.env_errors import EnvErrorReport, EnvironmentFailing
 from cadence.rollout.episode import Episode, PlainTurns, TurnFormat, run_episode
 from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.failures import Failures, OpenGroup, ProducerFailing, stale
 from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group
@@ -46,15 +45,12 @@ from cadence.rollout.sample import Group
 HELD_OUT_SEED = 10**9
 
 
-@dataclass
-class _OpenGroup:
+@dataclass(kw_only=True)
+class _OpenGroup(OpenGroup):
     group: Group
     seed: int
-    version: int  # the policy version the group started under
     done: asyncio.Future  # the group, or None when it will never train
-    tasks: set[asyncio.Task] = field(default_factory=set)
     started: int = 0
-    retries: int = 0
 
 
 class EnvRollout:
@@ -76,7 +72,7 @@ class EnvRollout:
         first_seed: int = 0,
         eval_params: SamplingParams | None = None,
         eval_episodes: int = 0,
-        errors: EnvErrorReport | None = None,
+        failures: Failures | None = None,
     ) -> None:
         self.hub = hub
         self.make_runner = make_runner
@@ -86,16 +82,16 @@ class EnvRollout:
         self.eval_episodes = eval_episodes
         self.group_size = group_size
         self.redundancy = redundancy
-        self.max_retries = 2 * group_size if max_retries is None else max_retries
         self.max_context_tokens = max_context_tokens
         self.turns = turns
         self.next_seed = first_seed
         self.version = 0  # the policy version new groups start under (set on each weight swap)
         self.open: dict[int, _OpenGroup] = {}
-        self.counts: Counter[str] = Counter()  # episodes, lost/<kind>, cancelled, groups, ...
         self.turn_total = 0
-        # Failures shown once per kind; a run whose first groups (nearly) all fail stops.
-        self.errors = errors or EnvErrorReport("the environment", echo=False)
+        self.stale_cancelled = 0  # groups closed because they could only go stale
+        # Lost episodes, retries, dropped groups; the first failure of each kind shown once.
+        self.failures = failures or Failures("the environment", echo=False)
+        self.max_retries = 2 * group_size if max_retries is None else max_retries
 
     # -- the producer protocol -------------------------------------------------
     def next_key(self) -> int:
@@ -122,18 +118,18 @@ class EnvRollout:
         return eval_result(correct, samples, list(returns))
 
     def metrics(self) -> dict[str, float]:
-        counts = self.counts
+        failures = self.failures
         out = {
-            "rollout/episodes_total": float(counts["episodes"]),
+            "rollout/episodes_total": float(failures.played),
             "rollout/episodes_in_flight": float(self.in_flight()),
-            "rollout/episodes_cancelled_total": float(counts["cancelled"]),
-            "rollout/episodes_retried_total": float(counts["retried"]),
-            "rollout/groups_dropped_total": float(counts["groups_dropped"]),
-            "rollout/groups_stale_cancelled_total": float(counts["groups_stale"]),
-            "rollout/turns_per_episode": self.turn_total / max(counts["episodes"], 1),
+            "rollout/episodes_cancelled_total": float(failures.cancelled),
+            "rollout/episodes_retried_total": float(failures.retried),
+            "rollout/groups_dropped_total": float(failures.groups_dropped),
+            "rollout/groups_stale_cancelled_total": float(self.stale_cancelled),
+            "rollout/turns_per_episode": self.turn_total / max(failures.played, 1),
         }
         for kind in ("raised", "timeout", "died"):
-            out[f"rollout/episodes_lost_{kind}_total"] = float(counts[f"lost/{kind}"])
+            out[f"rollout/episodes_lost_{kind}_total"] = float(failures.lost_by_kind[kind])
         return out
 
     def reward_report(self) -> dict:
@@ -151,15 +147,15 @@ class EnvRollout:
 
     def in_flight(self) -> int:
         # A copy in one step: metrics are read from the trainer's thread while the loop's changes them.
-        return sum(len(g.tasks) for g in list(self.open.values()))
+        return sum(len(g.plays) for g in list(self.open.values()))
 
     def cancel_stale(self, min_version: int) -> int:
         """Close the open groups started before `min_version` (they could only be dropped as
         stale once finished), cancelling their episodes; returns how many closed."""
-        stale = [g for g in self.open.values() if g.version < min_version]
-        for opened in stale:
-            self._close(opened, keep=False, why="groups_stale")
-        return len(stale)
+        closing = stale(self.open, min_version)
+        for opened in closing:
+            self._close(opened, keep=False, stale=True)
+        return len(closing)
 
     def close(self) -> None:
         pass  # environments are made and closed per episode
@@ -170,7 +166,7 @@ class EnvRollout:
         # not the last of a short group to be counted as dropped.
         groups = list(self.open.values())
         self.open.clear()
-        tasks = [t for g in groups for t in g.tasks]
+        tasks = [t for g in groups for t in g.plays]
         for task in tasks:
             task.cancel()
         for opened in groups:
@@ -181,7 +177,7 @@ class EnvRollout:
     # -- internals ------------------------------------------------------------
     def _open(self, seed: int, group_id: int) -> asyncio.Future:
         done = asyncio.get_running_loop().create_future()
-        opened = _OpenGroup(Group(group_id=group_id, prompt_id=f"seed{seed}"), seed, self.version, done)
+        opened = _OpenGroup(self.version, group=Group(group_id=group_id, prompt_id=f"seed{seed}"), seed=seed, done=done)
         self.open[group_id] = opened
         for _ in range(self.group_size + self.redundancy):
             self._start(opened)
@@ -191,8 +187,8 @@ class EnvRollout:
         episode_id = f"g{opened.group.group_id}/e{opened.started}"
         opened.started += 1
         task = asyncio.ensure_future(self._episode(opened, episode_id))
-        opened.tasks.add(task)
-        task.add_done_callback(opened.tasks.discard)
+        opened.plays.add(task)
+        task.add_done_callback(opened.plays.discard)
 
     async def _episode(self, opened: _OpenGroup, episode_id: str) -> None:
         await self._run(opened, episode_id, self.make_runner)
@@ -205,7 +201,7 @@ class EnvRollout:
                 group_id=opened.group.group_id, turns=self.turns, max_context_tokens=self.max_context_tokens,
             )
         except asyncio.CancelledError:
-            self.counts["cancelled"] += 1
+            self.failures.cancelled += 1
             raise
         finally:
             await runner.close()
@@ -226,52 +222,62 @@ class EnvRollout:
         group = opened.group
         # This episode is over: take it out of the live set now (its task's done callback would
         # only run later, and episodes that end in the same round must see each other gone).
-        opened.tasks.discard(asyncio.current_task())
+        opened.plays.discard(asyncio.current_task())
         if group.group_id not in self.open:
             return  # the group closed meanwhile (a late straggler)
-        self.counts["episodes"] += 1
         self.turn_total += episode.turns
         if episode.first_too_long is not None:
-            params = self.params
-            self._stop_run(self.errors.too_long(episode.first_too_long, params.max_new_tokens, self.max_context_tokens))
+            self.failures.finished()
+            self._stop_run(self._too_long(episode.first_too_long))
             return
         if episode.ok:
+            self.failures.finished()
             group.samples.append(episode.sample)
         else:
             assert episode.failure is not None
-            self.counts[f"lost/{episode.failure.kind}"] += 1
-            self.errors.lost(episode.failure, opened.seed)
-            if opened.retries < self.max_retries:
-                opened.retries += 1
-                self.counts["retried"] += 1
+            self.failures.record_lost(episode.failure, opened.seed)
+            if self.failures.retry(opened, self.max_retries):
                 self._start(opened)
         if len(group.samples) == self.group_size:
             self._close(opened, keep=True)
-        elif not opened.tasks:
+        elif not opened.plays:
             # Short and nothing left running: its retries are spent, whichever of its episodes
             # ended last (a lost one, or one that finished after a lost one found no retry left).
             self._close(opened, keep=False)
         try:
-            self.errors.check(self.counts["episodes"], self.counts["groups"], self.counts["groups_dropped"])
-        except EnvironmentFailing as failing:
+            self.failures.check()
+        except ProducerFailing as failing:
             self._stop_run(failing)
+
+    def _too_long(self, tokens: int) -> ProducerFailing:
+        """A first observation that leaves no room for a turn: every seed would fail the same way."""
+        new, budget = self.params.max_new_tokens, self.max_context_tokens
+        return ProducerFailing(
+            f"env.name={self.failures.name}: the first observation is {tokens} tokens, and a turn needs "
+            f"rollout.max_new_tokens={new} more: {tokens + new} > the context budget {budget} "
+            f"(rollout.max_context_tokens, capped at the model's max_position_embeddings); shorten the "
+            f"observation, lower rollout.max_new_tokens or raise rollout.max_context_tokens"
+        )
 
     def _stop_run(self, error: Exception) -> None:
         """The environment is broken: every group fails with `error`, and the worker stops the run."""
         groups = list(self.open.values())
         self.open.clear()
         for opened in groups:
-            for task in opened.tasks:
+            for task in opened.plays:
                 if task is not asyncio.current_task():
                     task.cancel()
             if not opened.done.done():
                 opened.done.set_exception(error)
 
-    def _close(self, opened: _OpenGroup, keep: bool, why: str = "groups_dropped") -> None:
+    def _close(self, opened: _OpenGroup, keep: bool, stale: bool = False) -> None:
         del self.open[opened.group.group_id]
-        for task in list(opened.tasks):
+        for task in list(opened.plays):
             if task is not asyncio.current_task():
                 task.cancel()  # stragglers: run_episode aborts their requests
-        self.counts["groups" if keep else why] += 1
+        if stale:
+            self.stale_cancelled += 1
+        else:
+            self.failures.group_ended(kept=keep)
         if not opened.done.done():
             opened.done.set_result(opened.group if keep else None)

@@ -160,8 +160,8 @@ class LockstepRollout(EnvRollout):
         finally:
             barrier.leave()
 
-    def _close(self, opened: _OpenGroup, keep: bool, why: str = "groups_dropped") -> None:
-        super()._close(opened, keep, why)
+    def _close(self, opened: _OpenGroup, keep: bool, stale: bool = False) -> None:
+        super()._close(opened, keep, stale)
         self._batch.discard(opened.group.group_id)
         if not self._batch and not self._batch_done.is_set():
             self.batches += 1

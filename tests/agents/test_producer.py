@@ -78,14 +78,15 @@ def test_failing_and_silent_agents_are_lost_not_trained():
         return 1.0
 
     producer, _, [group], _ = play(flaky, [{"a": 2, "b": 3}], keys=1, group_size=4, max_retries=0)
-    assert len(group.samples) == 2 and producer.counts["runs_lost"] == 2 + 1  # and one of the 2 evaluation runs
-    assert "tool crashed" in producer.first_failure and "test_producer.py" in producer.first_failure
+    assert len(group.samples) == 2 and producer.failures.lost == 2 + 1  # and one of the 2 evaluation runs
+    [first] = producer.failures.health()["first_failures"].values()
+    assert "tool crashed" in first and "test_producer.py" in first
     # With retries a lost run is replaced by another on the same task: the group fills up.
     flaky.calls = 0
     producer, _, [group], _ = play(flaky, [{"a": 2, "b": 3}], keys=1, group_size=4)
-    assert len(group.samples) == 4 and producer.counts["runs_retried"] == producer.counts["runs_lost"] - 1
+    assert len(group.samples) == 4 and producer.failures.retried == producer.failures.lost - 1
     producer, _, [group], _ = play(silent, [{"a": 1, "b": 1}], keys=1, max_retries=2)
-    assert group is None and producer.counts["groups_dropped"] == 1 and producer.counts["runs_lost"] == 3 + 2 + 2
+    assert group is None and producer.failures.groups_dropped == 1 and producer.failures.lost == 3 + 2 + 2
 
 
 async def summarising_agent(client, task) -> float:
@@ -107,7 +108,7 @@ def test_a_run_that_rewrites_its_history_is_several_samples_with_its_whole_rewar
     for summarise, pieces in ((False, 1), (True, 2)):
         producer, engine, [group], _ = play(summarising_agent, [{"a": 2, "b": 3, "summarise": summarise}],
                                             keys=1, group_size=3)
-        assert len(group.samples) == 3 * pieces and producer.counts["runs_played"] == 3 + 2  # and 2 eval runs
+        assert len(group.samples) == 3 * pieces and producer.failures.played == 3 + 2  # and 2 eval runs
         rewards = {s.reward for s in group.samples}
         assert rewards == {0.75}  # never reward / k
         group_requests = engine.sampled[: 3 * 2]  # the group's 6 requests came before the evaluation's

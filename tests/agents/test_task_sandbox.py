@@ -160,7 +160,7 @@ def test_no_sandbox_outlives_a_run_that_returns_raises_times_out_or_is_cancelled
                 await asyncio.sleep(0.05)
             producer.on_weights(1, cancel_before=1)  # ... until cancelled with their weights
             await group
-            return producer.counts.copy(), sandboxes.leased.copy(), dict(sandboxes.counts)
+            return producer.failures.health(), sandboxes.leased.copy(), dict(sandboxes.counts)
 
         try:
             return await hub.serving(three_groups())
@@ -168,7 +168,7 @@ def test_no_sandbox_outlives_a_run_that_returns_raises_times_out_or_is_cancelled
             await producer.cancel()
 
     counts, leased, acquired = asyncio.run(main())
-    assert counts["runs_lost"] == 3 and counts["runs_cancelled"] == 2 and counts["runs_played"] == 4
+    assert counts["lost"] == 3 and counts["cancelled"] == 2 and counts["played"] == 4
     assert leased == set() and acquired["acquired"] == acquired["released"] == 3 + 6  # 3 groups, 6 runs
 
 
@@ -214,7 +214,7 @@ def test_a_run_whose_sandbox_dies_is_replayed_not_scored(tmp_path):
         producer, hub = producer_for(agent, [row], sandboxes, grader=Grader(GraderConfig()))
 
         async def one_group():
-            return await producer.play(producer.next_key(), 0), producer.counts.copy(), dict(sandboxes.counts)
+            return await producer.play(producer.next_key(), 0), producer.failures.health(), dict(sandboxes.counts)
 
         try:
             return await hub.serving(one_group())
@@ -223,5 +223,5 @@ def test_a_run_whose_sandbox_dies_is_replayed_not_scored(tmp_path):
 
     group, counts, acquired = asyncio.run(main())
     assert [s.reward for s in group.samples] == [1.0, 1.0]  # the replayed run and the other, both graded
-    assert counts["runs_lost"] == 1 and counts["runs_retried"] == 1 and counts["runs_played"] == 3
+    assert counts["lost"] == 1 and counts["retried"] == 1 and counts["played"] == 3
     assert acquired["acquired"] == acquired["released"]

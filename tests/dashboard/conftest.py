@@ -87,19 +87,19 @@ def write_agent_run(root: Path, name: str) -> Path:
 
 
 def write_failing_env_run(root: Path, name: str) -> Path:
-    """A run whose environment raised in step (env_errors.log written by the EnvErrorReport) and
+    """A run whose environment raised in step (env_errors.log written by the producer's Failures) and
     stopped: 9 episodes lost."""
     from cadence.envs.runner import EnvFailure
-    from cadence.rollout.env_errors import EnvErrorReport
+    from cadence.rollout.failures import Failures
 
     run = root / name
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("trainer:\n  steps: 4\nenv:\n  name: python:games:Broken\n")
-    report = EnvErrorReport("python:games:Broken", run / "env_errors.log", echo=False)
+    report = Failures("python:games:Broken", log=run / "env_errors.log", echo=False)
     tb = 'Traceback (most recent call last):\n  File "games.py", line 9, in step\nValueError: <b>no move</b>\n'
     for seed in range(9):
-        report.lost(EnvFailure("raised", "step", "step: ValueError: <b>no move</b>", traceback=tb), seed)
-    report.lost(EnvFailure("timeout", "reset", "reset took longer than 5 s"), 9)
+        report.record_lost(EnvFailure("raised", "step", "step: ValueError: <b>no move</b>", traceback=tb), seed)
+    report.record_lost(EnvFailure("timeout", "reset", "reset took longer than 5 s"), 9)
     MetricsLogger(run, {}, tensorboard=False).log(1, {"rollout/episodes_lost_raised_total": 9.0,
                                                       "rollout/episodes_lost_timeout_total": 1.0})
     return run

@@ -170,15 +170,14 @@ def test_failed_episodes_are_listed_with_their_error(tmp_path: Path) -> None:
 
 
 def test_lost_agent_runs_are_listed_with_their_error(tmp_path: Path) -> None:
-    from cadence.agents.producer import AgentErrorReport
-    from cadence.envs.runner import EnvFailure
     from cadence.observe.metrics import MetricsLogger
+    from cadence.rollout.failures import AGENT_RUNS, Failures, RunFailure
 
     run = tmp_path / "runs" / "broken-agent"
     write_agent_run(tmp_path / "runs", "broken-agent")
-    report = AgentErrorReport("python:my_agents:run", run / "env_errors.log", echo=False)
-    report.lost(EnvFailure("raised", "run", "run: KeyError: 'answer'", traceback="Traceback ...\nKeyError: 'answer'\n"),
-                "eval 3")
+    report = Failures("python:my_agents:run", AGENT_RUNS, run / "env_errors.log", echo=False)
+    report.record_lost(RunFailure("raised", "run: KeyError: 'answer'", traceback="Traceback ...\nKeyError: 'answer'\n"),
+                       "eval 3")
     MetricsLogger(run, {}, tensorboard=False).log(2, {"agent/runs_lost_total": 5.0})
     client = local_client(create_app(tmp_path / "runs"))
     lost = client.get("/api/runs/broken-agent").json()["lost_episodes"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from cadence.dashboard.episodes import ALL_FORMATS, lost_episodes, with_tool_calls
 from cadence.envs.runner import EnvFailure
 from cadence.observe.reward_errors import describe_failure
-from cadence.rollout.env_errors import EnvErrorReport
+from cadence.rollout.failures import Failures
 
 NESTED_CALL = '<tool_call>{"name": "add", "arguments": ' + "[" * 5_000 + "]" * 5_000 + "}</tool_call>"
 
@@ -42,7 +42,7 @@ def test_a_crafted_env_errors_line_is_parsed_in_linear_time(tmp_path: Path):
 def test_model_text_is_clipped_where_failures_are_logged(tmp_path: Path):
     log = tmp_path / "env_errors.log"
     failure = EnvFailure("raised", "step", "ValueError: " + "m" * 1_000_000, traceback="Traceback\n" + "t" * 1_000_000)
-    EnvErrorReport("e", log, echo=False).lost(failure, 3)
+    Failures("e", log=log, echo=False).record_lost(failure, 3)
     assert log.stat().st_size < 25_000
     [report] = lost_episodes(tmp_path, {})["reports"]
     assert report["kind"] == "raised during step" and "characters cut" in report["text"]

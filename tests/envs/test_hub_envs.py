@@ -386,10 +386,10 @@ def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_su
 
 
 def test_a_verifiers_environment_that_is_not_installed_stops_the_run_in_one_line(vf_sums, tmp_path):
-    from cadence.rollout.env_errors import EnvironmentFailing
+    from cadence.rollout.failures import ProducerFailing
 
     cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, "agent.kwargs.env=vf_nope", "trainer.steps=2",
                              f"logging.run_dir={tmp_path}/run"])
-    with pytest.raises(EnvironmentFailing, match="agent.kwargs.env='vf_nope': taskset 'vf_nope' not found") as failing:
+    with pytest.raises(ProducerFailing, match="agent.kwargs.env='vf_nope': taskset 'vf_nope' not found") as failing:
         train(cfg)
     assert "\n" not in str(failing.value)
