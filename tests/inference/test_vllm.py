@@ -209,6 +209,17 @@ def test_stop_strings_and_max_tokens(setup):
     assert engine.load() == 0
 
 
+def test_a_stop_token_id_ends_the_response_with_that_token_and_leaves_it_out_of_the_text(setup):
+    """A chat template's end-of-turn token (PromptRenderer.stop_token_ids) reaches vLLM as stop_token_ids."""
+    engine, model, tok = setup
+    prompt = encode(tok, PROMPTS[0])
+    full = hf_greedy(model, prompt)
+    k = next(i for i in range(1, len(full)) if full[i] not in full[:i])  # a token's first occurrence
+    (res,) = engine.generate([GenRequest("t", prompt, SamplingParams(20, 0.0, ignore_eos=True, stop_token_ids=[full[k]]))])
+    assert res.finish_reason == "stop" and res.token_ids == full[: k + 1]  # trained on, like an EOS
+    assert res.text == tok.decode(full[:k], skip_special_tokens=True) and len(res.logprobs) == k + 1
+
+
 def test_tokens_after_a_weight_update_in_flight_have_the_new_weights_log_probs(setup):
     """Each token's mu is the teacher-forced log-prob of the weights that sampled it.
 
