@@ -58,6 +58,7 @@ from cadence.runtime.split import beta_star, measured_split
 
 # The shared benchmark harness lives beside this script (benchmarks/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import async_timeline  # noqa: E402
 from harness import TIMING_ONLY, timed_steps, train_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,20 +96,34 @@ def cadence_imported() -> str:
     return str(Path(cadence.__file__).parent)
 
 
-def ray_worker_cadence(overrides: list[str]) -> str:
-    """Start Ray as the run will, and ask one of its worker processes which `cadence` it imports."""
+def ray_worker_cadence(overrides: list[str], probe: bool) -> str:
+    """Start Ray as the run will, and ask one of its worker processes which `cadence` it imports.
+    With `probe`, every Ray worker installs the group-timeline probe as it starts."""
     import ray
 
     from cadence.runtime.connect import connect_ray
 
-    connect_ray(load_config(None, overrides).runtime)  # train() then finds Ray started and joins it
+    if probe:  # connect_ray's own arguments, plus the probe; train() then finds Ray started and joins it
+        ray.cloudpickle.register_pickle_by_value(async_timeline)  # workers cannot import benchmarks/
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=True, configure_logging=True,
+                 runtime_env={"worker_process_setup_hook": async_timeline.install_group_probe})
+    else:
+        connect_ray(load_config(None, overrides).runtime)
     return ray.get(ray.remote(cadence_imported).remote())
 
 
-def run_variant(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path | None = None) -> dict:
-    """One timed training run; with `run_dir` its metrics and events/ timeline stay there."""
+def run_variant(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path | None = None,
+                probe: bool = False) -> dict:
+    """One timed training run; with `run_dir` its metrics and events/ timeline stay there, and with
+    `probe` also every engine step, weight swap and group move (async_timeline.py)."""
     load_before = os.getloadavg()
-    ray_cadence = ray_worker_cadence(overrides) if "runtime.kind=ray" in overrides else None
+    if probe:
+        if run_dir is None:
+            raise SystemExit("--group-timeline needs --runs-dir: the probe writes into each run's folder")
+        (run_dir / "events").mkdir(parents=True, exist_ok=True)
+        os.environ[async_timeline.GROUPS_ENV] = str(run_dir / "events")  # inherited by Ray's workers
+        async_timeline.install_group_probe()
+    ray_cadence = ray_worker_cadence(overrides, probe) if "runtime.kind=ray" in overrides else None
     run = train_run([*COMMON, *LONG_TAIL, *overrides, f"trainer.steps={steps}"], str(run_dir) if run_dir else None)
     cfg, rs, wall = run.cfg, run.records, run.wall_s
     timed, seconds, samples = timed_steps(rs, warmup)
@@ -247,6 +262,8 @@ def main() -> None:
     ap.add_argument("--no-generation-table", action="store_true", help="skip the batch-generation table")
     ap.add_argument("--runs-dir", type=Path, default=None,
                     help="keep each variant's run (metrics.jsonl, events/) in a folder here, for async_timeline.py")
+    ap.add_argument("--group-timeline", action="store_true",
+                    help="also log engine steps, weight swaps and group moves into each kept run's events/")
     args = ap.parse_args()
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
     rows = []
@@ -254,7 +271,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         run_dir = args.runs_dir / slug(name) if args.runs_dir else None
-        row = run_variant(name, overrides, steps, warmup, run_dir)
+        row = run_variant(name, overrides, steps, warmup, run_dir, args.group_timeline)
         print(json.dumps(row), flush=True)
         rows.append(row)
     gen = [] if args.no_generation_table else generation_table()

@@ -1,0 +1,219 @@
+"""Where the time of an async run goes, before and after a change: per-step timelines of paired runs.
+
+    python benchmarks/compare_commits.py --before d5543f8 --after HEAD --rounds 12 \\
+        --keep /tmp/pairs --out docs/results/x.json -- \\
+        python '{after}/benchmarks/async_throughput.py' --no-generation-table \\
+        --only "async alpha=2" --runs-dir '{run}'
+    python benchmarks/async_timeline.py /tmp/pairs --variant async_alpha_2 \\
+        --out docs/results/x_timeline.json --plot docs/results/x_timeline.png
+
+Every kept run has the run's own metrics.jsonl and its pipeline timeline
+(events/trainer.jsonl, events/rollout-0.jsonl: spans of waiting, training,
+weight_sync, generating; see cadence/observe/events.py). For each timed step
+(after `--warmup`) this reads the trainer's step split (waiting for the
+batch, training, pushing weights), what the rollout worker did in the same
+wall-clock span (generating, swapping weights, idle), the engine's steps and
+busy seconds, the samples it finished and how stale the trained batch was.
+Each number is the median over a run's timed steps, then the median over
+runs; the paired column is the median of after / before within each round.
+The plot draws one round's timeline of both versions, one lane per actor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+# What each timed step reports; the keys name the columns of the table.
+STEP_FIELDS = (
+    "step_s", "train_s", "trainer_wait_s", "weight_push_s",
+    "rollout_generating_s", "rollout_weight_sync_s", "rollout_idle_s",
+    "engine_steps", "engine_busy_s", "engine_s_per_step_ms", "samples_finished", "samples_per_engine_step",
+    "staleness_mean", "dropped_groups",
+)
+
+
+GROUPS_ENV = "ASYNC_BENCH_GROUP_TIMELINE"  # the folder the probe writes to, in every process of a run
+
+
+def install_group_probe() -> None:
+    """Log every engine step, weight swap, request and buffer move of this process to
+    $ASYNC_BENCH_GROUP_TIMELINE/groups-<pid>.jsonl (nothing when it is unset).
+
+    A benchmark probe, not a package feature: it wraps methods that both cadence
+    versions compared here share (EmbeddedEngine, SampleBuffer; request ids are
+    "<group id>/<answer>" in both), so the same probe times d5543f8 and today.
+    One JSON line per engine step (~60 ms of work) or buffer call costs ~20 us.
+    """
+    import os
+    import time
+
+    from cadence.inference.embedded import EmbeddedEngine
+    from cadence.rollout.buffer import SampleBuffer
+
+    folder = os.environ.get(GROUPS_ENV)
+    if not folder:
+        return
+    # The open file hangs on the class, not in this module, which Ray pickles by value.
+    if getattr(EmbeddedEngine, "_probe_out", None):  # a later run in this process: methods wrapped already
+        EmbeddedEngine._probe_out.close()
+        EmbeddedEngine._probe_out = (Path(folder) / f"groups-{os.getpid()}.jsonl").open("a", buffering=1)
+        return
+    EmbeddedEngine._probe_out = (Path(folder) / f"groups-{os.getpid()}.jsonl").open("a", buffering=1)
+
+    def log(**record: object) -> None:
+        EmbeddedEngine._probe_out.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def wrap(cls: type, name: str, before, after) -> None:
+        original = getattr(cls, name)
+
+        def probed(self, *args, **kwargs):
+            seen, t0 = before(self, *args), time.time()
+            result = original(self, *args, **kwargs)
+            after(self, seen, t0, result, *args)
+            return result
+
+        setattr(cls, name, probed)
+
+    wrap(EmbeddedEngine, "add_request", lambda e, req: None,
+         lambda e, _, t0, r, req: log(e="add", t=t0, id=req.request_id))
+    wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting)),
+         lambda e, seen, t0, done: log(e="step", t0=t0, t1=time.time(), running=seen[0], waiting=seen[1],
+                                       done=[r.request_id for r in done]))
+    wrap(EmbeddedEngine, "update_weights", lambda e, sd, version: None,
+         lambda e, _, t0, r, sd, version: log(e="swap", t0=t0, t1=time.time(), version=version))
+    wrap(SampleBuffer, "put", lambda b, g: None,
+         lambda b, _, t0, r, g: log(e="put", t=t0, group=g.group_id, version=g.version))
+    wrap(SampleBuffer, "evict_stale", lambda b, v: [g.group_id for g in b._groups],
+         lambda b, seen, t0, n, v: n and log(e="stale", t=t0, trainer_version=v,
+                                             groups=sorted(set(seen) - {g.group_id for g in b._groups})))
+    wrap(SampleBuffer, "get_batch", lambda b, *a: None,
+         lambda b, _, t0, batch, n, v: log(e="batch", t=time.time(), trainer_version=v,
+                                           groups=[g.group_id for g in batch]))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def overlap(spans: list[dict], state: str, t0: float, t1: float) -> float:
+    """Seconds the actor spent in `state` between t0 and t1."""
+    return sum(max(0.0, min(s["t1"], t1) - max(s["t0"], t0)) for s in spans if s.get("state") == state)
+
+
+def run_steps(run: Path, warmup: int) -> list[dict]:
+    """The timed steps of one kept run, each as STEP_FIELDS."""
+    records = [r for r in read_jsonl(run / "metrics.jsonl") if "time/step" in r]
+    trainer = read_jsonl(run / "events" / "trainer.jsonl")
+    rollout = read_jsonl(run / "events" / "rollout-0.jsonl")
+    # A trainer step runs from its `waiting` span's start to its `logging` span's end.
+    bounds: dict[int, list[float]] = {}
+    for s in trainer:
+        if "state" in s:
+            b = bounds.setdefault(s["step"], [s["t0"], s["t1"]])
+            b[0], b[1] = min(b[0], s["t0"]), max(b[1], s["t1"])
+    steps = []
+    for prev, r in zip(records, records[1:], strict=False):
+        if r["step"] <= warmup or r["step"] not in bounds:
+            continue
+        t0, t1 = bounds[r["step"]]
+        mine = [s for s in trainer if s.get("step") == r["step"]]
+        engine_steps = r["rollout/engine_steps"] - prev["rollout/engine_steps"]
+        busy = r["rollout/engine_busy_s"] - prev["rollout/engine_busy_s"]
+        samples = r["rollout/samples_total"] - prev["rollout/samples_total"]
+        steps.append({
+            "step": r["step"], "t0": t0, "t1": t1,
+            "step_s": r["time/step"], "train_s": r["train/seconds"],
+            "trainer_wait_s": overlap(mine, "waiting", t0, t1),
+            "weight_push_s": overlap(mine, "weight_sync", t0, t1),
+            "rollout_generating_s": overlap(rollout, "generating", t0, t1),
+            "rollout_weight_sync_s": overlap(rollout, "weight_sync", t0, t1),
+            "rollout_idle_s": overlap(rollout, "waiting", t0, t1),
+            "engine_steps": engine_steps, "engine_busy_s": busy,
+            "engine_s_per_step_ms": 1e3 * busy / max(engine_steps, 1),
+            "samples_finished": samples, "samples_per_engine_step": samples / max(engine_steps, 1),
+            "staleness_mean": r["train/staleness_mean"],
+            "dropped_groups": r["buffer/dropped_groups"] - prev["buffer/dropped_groups"],
+        })
+    return steps
+
+
+def per_run(steps: list[dict]) -> dict[str, float]:
+    return {k: statistics.median(s[k] for s in steps) for k in STEP_FIELDS}
+
+
+def summarize(pairs: list[tuple[Path, Path]], warmup: int) -> dict:
+    runs = {"before": [per_run(run_steps(b, warmup)) for b, _ in pairs],
+            "after": [per_run(run_steps(a, warmup)) for _, a in pairs]}
+    table = []
+    for k in STEP_FIELDS:
+        b = statistics.median(r[k] for r in runs["before"])
+        a = statistics.median(r[k] for r in runs["after"])
+        ratios = [ra[k] / rb[k] for rb, ra in zip(runs["before"], runs["after"], strict=True) if rb[k]]
+        table.append({"field": k, "before": b, "after": a,
+                      "median_paired_ratio": statistics.median(ratios) if ratios else None})
+    return {"rounds": len(pairs), "warmup": warmup, "table": table, "runs": runs}
+
+
+def plot_round(before: Path, after: Path, warmup: int, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"waiting": "#d9d9d9", "training": "#4c72b0", "weight_sync": "#c44e52", "logging": "#8172b2",
+               "generating": "#55a868"}
+    fig, axes = plt.subplots(2, 1, figsize=(12, 4), sharex=True)
+    for ax, (name, run) in zip(axes, (("before", before), ("after", after)), strict=True):
+        steps = run_steps(run, warmup)
+        start, end = steps[0]["t0"], steps[-1]["t1"]
+        for lane, actor in enumerate(("trainer", "rollout-0")):
+            for s in read_jsonl(run / "events" / f"{actor}.jsonl"):
+                if "state" in s and s["t1"] > start and s["t0"] < end:
+                    left, right = max(s["t0"], start) - start, min(s["t1"], end) - start
+                    ax.barh(lane, right - left, left=left, color=colours.get(s["state"], "k"), height=0.8)
+        for s in steps:
+            ax.axvline(s["t1"] - start, color="k", lw=0.5)
+        ax.set_yticks([0, 1], ["trainer", "rollout"])
+        ax.set_xlim(0, None)
+        ax.set_title(f"{name}: {len(steps)} timed steps, {end - start:.1f} s", fontsize=9, loc="left")
+    axes[-1].set_xlabel("seconds from the first timed step (vertical lines: a trainer step ends)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    fig.legend(handles, list(colours), loc="upper right", ncols=5, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("keep", type=Path, help="compare_commits.py's --keep folder (NN_before/, NN_after/)")
+    ap.add_argument("--variant", default="async_alpha_2", help="the variant's folder in each run")
+    ap.add_argument("--warmup", type=int, default=2, help="steps not timed (as the benchmark's --warmup)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="draw the round whose step time ratio is the median")
+    args = ap.parse_args()
+    rounds = sorted({p.name.split("_")[0] for p in args.keep.iterdir()})
+    pairs = [(args.keep / f"{r}_before" / args.variant, args.keep / f"{r}_after" / args.variant) for r in rounds]
+    pairs = [(b, a) for b, a in pairs if (b / "metrics.jsonl").exists() and (a / "metrics.jsonl").exists()]
+    if not pairs:
+        raise SystemExit(f"{args.keep}: no round with both a before and an after run of {args.variant}")
+    result = summarize(pairs, args.warmup)
+    print(f"{'per timed step (median)':28s} {'before':>9s} {'after':>9s} {'paired after/before':>20s}")
+    for row in result["table"]:
+        ratio = f"{row['median_paired_ratio']:.3f}" if row["median_paired_ratio"] is not None else "-"
+        print(f"{row['field']:28s} {row['before']:9.3f} {row['after']:9.3f} {ratio:>20s}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    if args.plot:
+        ratios = [a["step_s"] / b["step_s"] for b, a in zip(result["runs"]["before"], result["runs"]["after"],
+                                                             strict=True)]
+        middle = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
+        plot_round(*pairs[middle], args.warmup, args.plot)
+
+
+if __name__ == "__main__":
+    main()
