@@ -109,6 +109,7 @@ class AgentEndpoint:
         self.closed: dict[str, int] = {"stitched": 0, "rewrite": 0, "rerender": 0, "inserted_tokens": 0}
         self._server: _QuietServer | None = None
         self._task: asyncio.Task | None = None
+        self._serving = False  # start() has read the port it bound
         routes = []
         for prefix in ("", "/runs/{run}"):
             routes += [
@@ -143,7 +144,8 @@ class AgentEndpoint:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None and self._server.started
+        """Started, with `port` the one it bound (uvicorn's `started` turns true before that)."""
+        return self._serving
 
     @property
     def base_url(self) -> str:
@@ -175,12 +177,14 @@ class AgentEndpoint:
                 raise RuntimeError("the agent endpoint stopped while starting")
             await asyncio.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self._serving = True
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
         self._server = self._task = None
+        self._serving = False
 
     # -- routes -----------------------------------------------------------------
     def _handler(self, serve: Callable[[dict, str | None], Awaitable[Response]],

@@ -263,3 +263,22 @@ def test_a_client_that_hangs_up_mid_request_is_counted_not_logged_as_an_app_erro
     counts = serve("qwen2", agent)
     assert not [line for line in logged if "Exception in ASGI application" in line]
     assert counts["disconnected"] == 1 and counts["errors"] == 0
+
+
+def test_serving_is_true_only_once_the_port_is_known():
+    """`serving` turned true as uvicorn started, before start() had read the port it bound: a
+    caller that waited for it built its run URL with port 0."""
+    tok = tool_tokenizer("qwen2")
+    endpoint = AgentEndpoint(InferenceHub([ScriptedEngine(tok, lambda prompt: "hi")]), tok)
+
+    async def main() -> int:
+        starting = asyncio.ensure_future(endpoint.start())
+        while not endpoint.serving and not starting.done():
+            await asyncio.sleep(0)
+        port = endpoint.port
+        await starting
+        await endpoint.stop()
+        return port
+
+    assert asyncio.run(main()) != 0
+    assert not endpoint.serving
