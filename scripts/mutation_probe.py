@@ -128,11 +128,11 @@ def main() -> int:
     parser.add_argument("file")
     parser.add_argument("--max", type=int, default=0, help="at most this many mutants, drawn at random (0: all)")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the test command")
-    args = parser.parse_args()
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
+    argv = sys.argv[1:]
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("give the test command after --")
+    split = argv.index("--")
+    args, cmd = parser.parse_args(argv[:split]), argv[split + 1 :]
     path = Path(args.file)
     original = path.read_text()
     todo = mutants(original)

@@ -40,7 +40,7 @@ def test_a_mutant_the_tests_miss_is_reported(tmp_path):
     check = tmp_path / "check.py"
     check.write_text("import mod\nassert mod.double(0) == 0\n")  # weak: x - x is 0 too
     script = Path(__file__).resolve().parents[1] / "scripts" / "mutation_probe.py"
-    out = subprocess.run([sys.executable, str(script), str(module), "--", sys.executable, str(check)],
+    out = subprocess.run([sys.executable, str(script), str(module), "--timeout", "60", "--", sys.executable, str(check)],
                          cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert "survived" in out and "[arith]" in out
     assert "mutants killed: 1/2" in out  # deleting the return is caught, x - x is not
