@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.config import ConfigError, load_config, parse_override
+from cadence.config import ConfigError, RunKind, load_config, parse_override
 
 
 def test_defaults_load_and_overrides_apply(tiny_llama_dir):
@@ -86,3 +86,11 @@ def test_unknown_key_in_an_optional_section_gets_a_suggestion():
         load_config(None, ["env.name=frozenlake", "env.max_turn=3"])
     with pytest.raises(ConfigError, match=r"rollout.simulate_lengths.sigmaa: unknown key; did you mean 'sigma'\?"):
         load_config(None, ["rollout.simulate_lengths.sigmaa=1"])
+
+
+def test_run_kind_says_what_a_runs_groups_are_made_of(tmp_path):
+    (tmp_path / "agent.py").write_text("async def run(client, task):\n    return 0.0\n")
+    sections = ([], ["env.name=frozenlake"], [f"agent.name=python:{tmp_path / 'agent.py'}:run"])
+    kinds = [load_config(None, overrides).run_kind for overrides in sections]
+    assert kinds == [RunKind.RLVR, RunKind.EPISODES, RunKind.AGENTS]
+    assert [kind.plays_episodes for kind in kinds] == [False, True, True]

@@ -18,6 +18,7 @@ from cadence.cli import app, eval_notes
 from cadence.config import ConfigError, load_config
 from cadence.observe.report import curve_series
 from cadence.observe.reward_errors import RewardErrorReport, RewardFunctionError
+from cadence.recipes.evaluate import run_eval
 from cadence.recipes.sft import check_output, load_sft_config
 from cadence.recipes.train_rlvr import train
 from cadence.rewards.guard import RewardGuard
@@ -166,6 +167,12 @@ def test_eval_results_go_to_metrics_tensorboard_and_summary(tmp_path):
     assert summary["eval_before"]["pass_at_1"] == result.eval_before.pass_at_1
     assert summary["eval_after"]["pass_at_1"] == result.eval_after.pass_at_1
     assert summary["samples_trained"] == 2 * 16
+    # `cadence eval` of the last checkpoint, with the run's own config: the numbers training logged
+    # for those weights, and nothing added to the run's timeline.
+    timeline = {p.name: p.read_bytes() for p in (run / "events").iterdir()}
+    held_out = run_eval(load_config(None, [*overrides, f"model.path={run / 'checkpoints' / 'step_2'}"]))
+    assert (held_out.pass_at_1, held_out.mean_reward) == (result.eval_after.pass_at_1, result.eval_after.mean_reward)
+    assert {p.name: p.read_bytes() for p in (run / "events").iterdir()} == timeline
     events = b"".join(p.read_bytes() for p in (run / "tensorboard").iterdir())
     assert b"eval/pass@1" in events
     assert (run / "reward_curve.png").stat().st_size > 10_000

@@ -11,15 +11,18 @@ from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import RunConfig
 from cadence.observe.reward_errors import RewardFunctionError, describe_failure, reward_broken
 from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.producer import reward_health
 
 
 def run_eval(cfg: RunConfig) -> EvalResult:
     """The checkpoint at `cfg.model.path` on the held-out prompts or episodes; a reward function
     that fails on (nearly) every held-out response raises `RewardFunctionError`."""
-    worker = ConfiguredRolloutWorker(cfg, threads=cfg.runtime.threads, background=False)
+    # No pipeline timeline: a config naming a training run's folder would add spans to that run's.
+    quiet = cfg.model_copy(update={"logging": cfg.logging.model_copy(update={"events": False})})
+    worker = ConfiguredRolloutWorker(quiet, threads=cfg.runtime.threads, background=False)
     try:
         result = worker.evaluate(cfg.eval.samples)
-        report = worker.reward_report()
+        report = reward_health(worker.health())
     finally:
         worker.close()
     for kind, first in report["first_failures"].items():
