@@ -1,18 +1,21 @@
 """A sandbox for every agent run: acquired before the run, handed to the agent with its task,
 released when the run ends however it ends (returned, raised, timed out, cancelled).
 
-    group = await sandboxes.open_group(task)     # the task's workspace, prepared once per group
-    async with group.run() as sandbox:           # a warm spare with a copy of it
-        await agent(client, sandbox.task(task))  # task["sandbox"], ["sandbox_url"], ["sandbox_token"]
-        after = await sandbox.snapshot()         # the workspace as the run left it (for grading)
+    group = await sandboxes.open_group(task, runs=8)  # the task's workspace, prepared once per group
+    async with group.run() as sandbox:                # a sandbox already holding a copy of it
+        await agent(client, sandbox.task(task))       # task["sandbox"], ["sandbox_url"], ["sandbox_token"]
+        after = await sandbox.snapshot()              # the workspace as the run left it (for grading)
     await group.close()
 
-The pool (cadence/sandbox/pool.py) keeps `warm` spares started on the template, so a run waits
-for a copy of the workspace, not for a sandbox to start. A group's workspace is seeded once from
-the row (a folder or tar under `repo_field`, files under `files_field`), `setup` runs there once,
-and every run of the group gets a copy (workspace.copy_workspace) of that prepared state, so the
-runs of a group start from the same files. The group's sandbox stays, untouched by any agent, as
-the pristine state the grader forks (grader.py).
+The pool (cadence/sandbox/pool.py) keeps `warm` spares started on the template, so a copy of the
+workspace need not wait for a sandbox to start. A group's workspace is seeded once from the row (a
+folder or tar under `repo_field`, files under `files_field`), `setup` runs there once, and the
+result is read back as a tar (`pristine`, what the grader compares a run's workspace with); that
+sandbox is then released. Every run's sandbox gets the pristine state restored into it
+(workspace.restore), so the runs of a group start from the same files, and no sandbox of the group
+can die and take the state with it. `open_group(runs=n)` restores it into n sandboxes in the
+background at once, so the runs find theirs ready (a dequeue); a run past those (a retry, a
+grading) gets a copy made then.
 
 Scaffolds in another process or language reach their sandbox over HTTP: the sandbox service's
 app (cadence/sandbox/server.py) served on 127.0.0.1 from this process, with a token per run that
@@ -29,6 +32,7 @@ import secrets
 import tarfile
 import threading
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,7 +43,7 @@ from cadence.sandbox.models import ExecRequest, ExecResult, SandboxDied, Sandbox
 from cadence.sandbox.pool import Pool, PoolConfig, PoolFull
 
 POOL_FULL_WAIT_S = 0.05  # between tries of an acquire while max_size sandboxes are leased
-FORK_TRIES = 3  # spares that died under a run before its workspace was copied in
+FORK_TRIES = 3  # spares that died before the workspace was copied in, for one copy
 
 # Keys a run's task gets for its sandbox (and so keys a task row must not have).
 SANDBOX_KEYS = ("sandbox", "sandbox_url", "sandbox_token")
@@ -54,9 +58,11 @@ class TaskSandbox:
     workspace (/workspace, the working directory of every command). Each call has a sync form
     and an async one (`a` in front), which runs it in a thread so the agent's loop keeps turning."""
 
-    def __init__(self, pool: Pool, sandbox_id: str, url: str | None = None, token: str | None = None) -> None:
+    def __init__(self, pool: Pool, sandbox_id: str, url: str | None = None, token: str | None = None,
+                 generation: int | None = None) -> None:
         self.pool, self.id, self.url, self.token = pool, sandbox_id, url, token
-        self.generation = pool.get(sandbox_id).generation  # a replacement (it died) has the next
+        # The generation that holds the task's workspace; a replacement (it died) has the next.
+        self.generation = pool.get(sandbox_id).generation if generation is None else generation
 
     def exec(self, cmd: str | list[str] | None = None, *, code: str | None = None, timeout_s: float | None = None,
              stdin: str = "", env: dict[str, str] | None = None, session: bool = False) -> ExecResult:
@@ -158,17 +164,22 @@ class TaskSandboxes:
         release = asyncio.to_thread(_release_quietly, self.pool, sandbox_id)
         await asyncio.shield(asyncio.ensure_future(release))
 
-    async def open_group(self, row: dict) -> TaskGroup:
-        """The task's workspace prepared in a sandbox of its own (seeded, then `setup`)."""
+    async def open_group(self, row: dict, runs: int = 0) -> TaskGroup:
+        """The task's workspace prepared in a sandbox (seeded, then `setup`), read back as a tar,
+        and that sandbox released; `runs`: sandboxes to fill with it now, for the runs to come."""
         template = row.get("template") or self.cfg.template
         base = await self.acquire(template)
         try:
+            generation = self.pool.get(base).generation
             await asyncio.to_thread(self._prepare, base, row)
             pristine = await asyncio.to_thread(workspace.snapshot, self.pool.box(base))
-        except BaseException:
+            if self.pool.get(base).generation != generation:  # replaced, empty, since the setup
+                raise SandboxDied(f"sandbox {base} died while the task's workspace was prepared in it")
+        finally:
             await self.release(base)
-            raise
-        return TaskGroup(self, base, template, pristine)
+        group = TaskGroup(self, template, pristine)
+        group.prefill(runs)
+        return group
 
     def _prepare(self, sandbox_id: str, row: dict) -> None:
         assert self.pool is not None
@@ -202,51 +213,111 @@ class TaskSandboxes:
 
 
 class TaskGroup:
-    """A group's prepared workspace (`base`, a sandbox no agent touches) and its runs' sandboxes."""
+    """A group's prepared workspace (`pristine`, a snapshot tar) and its runs' sandboxes, each
+    holding a copy of it: one of those filled ahead (`prefill`) when one is left, else a new one."""
 
-    def __init__(self, sandboxes: TaskSandboxes, base: str, template: str | None, pristine: bytes) -> None:
-        self.sandboxes, self.base, self.template, self.pristine = sandboxes, base, template, pristine
+    def __init__(self, sandboxes: TaskSandboxes, template: str | None, pristine: bytes) -> None:
+        self.sandboxes, self.template, self.pristine = sandboxes, template, pristine
+        self.state = workspace.entries_of(pristine)  # parsed once, restored into each sandbox
+        self.copies: deque[asyncio.Future[tuple[str, int]]] = deque()  # filled (or filling), not taken
 
     @property
     def pool(self) -> Pool:
         assert self.sandboxes.pool is not None
         return self.sandboxes.pool
 
+    def prefill(self, runs: int) -> None:
+        """Start filling `runs` sandboxes with the workspace, all at once, in the background."""
+        self.copies.extend(asyncio.ensure_future(self._copy()) for _ in range(runs))
+
     async def fork(self, owner: str | None = None) -> str:
-        """A sandbox holding a copy of the prepared workspace (a warm spare, then the copy). A
-        spare that died meanwhile is given back and another taken (FORK_TRIES in all)."""
+        """A sandbox holding a copy of the prepared workspace, leased to `owner`."""
+        sandbox_id, _ = await self._take(owner)
+        return sandbox_id
+
+    async def _take(self, owner: str | None) -> tuple[str, int]:
+        """(sandbox id, generation): a copy filled ahead (a finished one first), else a new copy.
+        One that died since it was filled (replaced in place, empty) is given back and the next taken."""
+        while self.copies:
+            done = next((c for c in self.copies if c.done()), self.copies[0])
+            self.copies.remove(done)
+            with contextlib.suppress(SandboxError):
+                if (taken := await self._claim(done, owner)) is not None:
+                    return taken
+        if (taken := await self._claim(asyncio.ensure_future(self._copy()), owner)) is None:
+            raise SandboxDied("a sandbox died just after the task's workspace was copied into it")
+        return taken
+
+    async def _claim(self, copy: asyncio.Future[tuple[str, int]], owner: str | None) -> tuple[str, int] | None:
+        """The copy's sandbox, leased to `owner`; None when it died since it was filled."""
+        try:
+            sandbox_id, generation = await asyncio.shield(copy)
+        except asyncio.CancelledError:
+            if copy.cancelled():
+                raise SandboxError("the task's group was closed while its runs still asked for sandboxes") from None
+            self.copies.appendleft(copy)  # this run was cancelled: the copy stays the group's (close releases it)
+            raise
+        with contextlib.suppress(SandboxError):  # UnknownSandbox: reaped meanwhile
+            if self.pool.get(sandbox_id).generation == generation and self.pool.box(sandbox_id).alive:
+                self.pool.lease_to(sandbox_id, owner)
+                return sandbox_id, generation
+        await self.sandboxes.release(sandbox_id)
+        return None
+
+    async def _copy(self) -> tuple[str, int]:
+        """A sandbox acquired and the workspace restored in it: (its id, the generation holding it).
+        A spare that died meanwhile is given back and another taken (FORK_TRIES in all)."""
         for tries in range(1, FORK_TRIES + 1):
-            sandbox_id = await self.sandboxes.acquire(self.template, owner)
+            sandbox_id = await self.sandboxes.acquire(self.template)
+            restoring = asyncio.ensure_future(asyncio.to_thread(self._restore, sandbox_id))
             try:
-                await asyncio.to_thread(workspace.copy_workspace, self.pool.box(self.base), self.pool.box(sandbox_id))
-                return sandbox_id
+                return sandbox_id, await asyncio.shield(restoring)
             except SandboxError:
                 await self.sandboxes.release(sandbox_id)
-                if tries == FORK_TRIES or not self.pool.box(self.base).alive:  # the prepared state itself is gone
+                if tries == FORK_TRIES:
                     raise
-            except BaseException:
+            except BaseException:  # cancelled (the group closed): release once the restore is done
+                await asyncio.wait([restoring])
                 await self.sandboxes.release(sandbox_id)
                 raise
         raise AssertionError("unreachable")
+
+    def _restore(self, sandbox_id: str) -> int:
+        generation, box = self.pool.get(sandbox_id).generation, self.pool.box(sandbox_id)
+        try:
+            workspace.restore(box, self.state)
+        except OSError as e:
+            if box.alive:
+                raise
+            raise SandboxDied(f"sandbox {sandbox_id} died while the task's workspace was copied in") from e
+        if self.pool.get(sandbox_id).generation != generation or not box.alive:
+            raise SandboxDied(f"sandbox {sandbox_id} died while the task's workspace was copied in")
+        return generation
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[TaskSandbox]:
         """One run's sandbox, released at the end of the block whatever ends it."""
         service = self.sandboxes.service
         owner = f"run-{uuid.uuid4().hex[:12]}" if service is not None else None
-        sandbox_id = await self.fork(owner)
+        sandbox_id, generation = await self._take(owner)
         try:
             url = token = None
             if service is not None:
                 url, token = service.url(sandbox_id), service.clients.issue(owner, sandbox_id=sandbox_id)
-            yield TaskSandbox(self.pool, sandbox_id, url, token)
+            yield TaskSandbox(self.pool, sandbox_id, url, token, generation)
         finally:
             if service is not None:
                 service.clients.revoke(owner)
             await self.sandboxes.release(sandbox_id)
 
     async def close(self) -> None:
-        await self.sandboxes.release(self.base)
+        """Release the copies no run took (those still being filled are stopped first)."""
+        copies, self.copies = list(self.copies), deque()
+        for copy in copies:
+            copy.cancel()
+        for done in await asyncio.gather(*copies, return_exceptions=True):
+            if isinstance(done, tuple):
+                await self.sandboxes.release(done[0])
 
 
 class SandboxService:

@@ -1,5 +1,6 @@
 """A running sandbox's workspace from the host: seed it (files or a tar), read it back (a tar),
-fork it into other sandboxes (a GRPO group of episodes starting from one prepared state).
+fork it into other sandboxes (a GRPO group of episodes starting from one prepared state), or
+restore a snapshot into one (the same state, with no lock on the sandbox it was read from).
 
 The host reaches the workspace (a tmpfs in the sandbox's mount namespace) through
 /proc/<agent pid>/root/workspace, which needs root (the agent is non-dumpable); unisolated, it is
@@ -28,7 +29,7 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, NamedTuple
 
 from cadence.sandbox.cgroup import CgroupError, _children
 from cadence.sandbox.fdtree import (
@@ -235,6 +236,87 @@ class _Exactly(io.RawIOBase):
         data += bytes(n - len(data))
         self.left -= n
         return data
+
+
+class Entry(NamedTuple):
+    """One entry of a snapshot, ready to write: a file's bytes, a link's target, or a folder."""
+
+    parts: list[str]
+    kind: str  # "file", "link" or "folder"
+    mode: int
+    mtime: int
+    data: bytes = b""
+    link: str = ""
+
+
+def entries_of(tar: bytes) -> list[Entry]:
+    """A `snapshot` tar's entries, read once (a group restores the same state into each of its runs'
+    sandboxes); names that could leave the workspace are refused here (SandboxError)."""
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as members:
+        for m in members:
+            try:
+                parts = _parts(m.name, "entry")
+            except LayerError as e:
+                raise SandboxError(f"restore: {e}") from e
+            mode, mtime = m.mode & 0o1777, int(m.mtime)  # no setuid/setgid
+            if parts and m.isreg():
+                out.append(Entry(parts, "file", mode, mtime, data=members.extractfile(m).read()))
+            elif parts and m.issym():
+                out.append(Entry(parts, "link", mode, mtime, link=m.linkname))
+            elif parts and m.isdir():
+                out.append(Entry(parts, "folder", mode, mtime))
+    return out
+
+
+def restore(box: LocalSandbox, state: list[Entry]) -> None:
+    """Write a snapshot's entries (`entries_of`) into the workspace: files (with their mtimes, so
+    bytecode caches stay valid), folders and symlinks (kept as links, as copy_workspace copies
+    them; no whiteouts or hard links, unlike a template layer). What is there under the same names
+    is replaced. Written as the workspace's owner, reached from folder fds, never through a link."""
+    with stopped(box), _workspace_fd(box) as ws, owned_by(ws):
+        for entry in state:
+            try:
+                folder = _parent(ws, entry.parts, "/".join(entry.parts))
+            except LayerError as e:
+                raise SandboxError(f"restore: {e}") from e
+            try:
+                _restore_entry(entry, folder)
+            finally:
+                os.close(folder)
+
+
+def _restore_entry(entry: Entry, folder: int) -> None:
+    name = entry.parts[-1]
+    if entry.kind == "folder":
+        try:
+            os.close(make_dir(name, folder, entry.mode | 0o700))
+        except OSError as e:  # something other than a folder is there (a link: ELOOP)
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            remove(name, folder)
+            os.close(make_dir(name, folder, entry.mode | 0o700))
+    elif entry.kind == "file":
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=folder)
+        except FileExistsError:
+            remove(name, folder)
+            fd = os.open(name, flags, 0o600, dir_fd=folder)
+        try:
+            view = memoryview(entry.data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, entry.mode)
+            os.utime(fd, (entry.mtime, entry.mtime))
+        finally:
+            os.close(fd)
+    else:
+        try:
+            os.symlink(entry.link, name, dir_fd=folder)
+        except FileExistsError:
+            remove(name, folder)
+            os.symlink(entry.link, name, dir_fd=folder)
 
 
 def copy_workspace(src: LocalSandbox, dst: LocalSandbox) -> None:

@@ -1,12 +1,15 @@
 """agent.sandbox: each run gets a sandbox with the task's workspace (a copy of the group's prepared
-state), through a Python handle and over HTTP with a token scoped to it, and no sandbox outlives
-its run, whether the run returns, raises, times out or is cancelled."""
+state, filled before the run asks or when it asks), through a Python handle and over HTTP with a
+token scoped to it, and no sandbox outlives its run, whether the run returns, raises, times out or
+is cancelled; a sandbox of the group that dies takes none of the prepared state with it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import tarfile
 
 import httpx
 import pytest
@@ -17,7 +20,8 @@ from cadence.agents.grader import Grader
 from cadence.agents.producer import AgentProducer
 from cadence.agents.task_sandbox import TaskSandboxes
 from cadence.inference.hub import InferenceHub
-from cadence.sandbox.models import SandboxDied
+from cadence.sandbox import Limits, LocalSandbox, workspace
+from cadence.sandbox.models import SandboxDied, SandboxError
 from cadence.sandbox.pool import UnknownSandbox
 from tests.agents.repo_task import FIX_COMMAND, FIXED, make_repo, needs_sandbox, task_row
 from tests.agents.scripted import ScriptedEngine, tool_tokenizer
@@ -64,7 +68,7 @@ def test_a_group_starts_from_one_prepared_workspace_and_each_run_has_its_own(tmp
     async def main():
         sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, setup="echo prepared > setup.txt"))
         try:
-            group = await sandboxes.open_group(row)
+            group = await sandboxes.open_group(row, runs=3)  # one more than the runs: close releases it
             async with group.run() as one, group.run() as two:
                 task = one.task(row, hidden=("tests", "test_setup"))
                 assert task["sandbox"] is one and task["sandbox_url"].endswith(one.id) and "tests" not in task
@@ -75,8 +79,8 @@ def test_a_group_starts_from_one_prepared_workspace_and_each_run_has_its_own(tmp
                 others = two.exec("ls").stdout
                 session = [two.exec("cd notes && export X=1", session=True), two.exec("pwd; echo $X", session=True)]
                 ids = {one.id, two.id}
-                assert sandboxes.leased == {group.base, *ids}
-            assert sandboxes.leased == {group.base}  # both released at the end of the block
+                assert ids <= sandboxes.leased  # with the third copy, once it is filled
+            assert sandboxes.leased.isdisjoint(ids)  # both released at the end of the block
             for sandbox_id in ids:
                 with pytest.raises(UnknownSandbox):
                     group.pool.get(sandbox_id)
@@ -90,7 +94,72 @@ def test_a_group_starts_from_one_prepared_workspace_and_each_run_has_its_own(tmp
     assert "mine.txt" not in others and "setup.txt" in others and "tests" in others
     assert session[1].stdout == "/workspace/notes\n1\n"
     assert (tmp_path / "calc_copy.py").read_text().startswith("def add")
-    assert leased == set() and counts == {"acquired": 3, "released": 3}
+    assert leased == set() and counts == {"acquired": 4, "released": 4}  # the setup's sandbox and 3 copies
+
+
+def test_a_group_keeps_its_prepared_state_when_its_sandboxes_die(tmp_path):
+    row = task_row(make_repo(tmp_path / "repo"))
+
+    def kill(pool, sandbox_ids):  # their processes die; the health round replaces them, empty, in place
+        for sandbox_id in sandbox_ids:
+            pool.box(sandbox_id).proc.kill()
+            pool.box(sandbox_id).proc.wait()
+        pool.check()
+
+    async def main():
+        sandboxes = TaskSandboxes(TaskSandboxConfig(warm=1, http=False, setup="echo prepared > setup.txt"))
+        try:
+            group = await sandboxes.open_group(row)
+            kill(sandboxes.pool, sandboxes.leased)  # whatever the group holds (it held its prepared sandbox)
+            async with group.run() as sandbox:
+                seen = [sandbox.exec("cat setup.txt").stdout]
+            assert seen == ["prepared\n"], "a run of a group whose prepared sandbox died starts empty"
+            group.prefill(2)
+            filled = [sandbox_id for sandbox_id, _ in await asyncio.gather(*group.copies)]
+            kill(sandboxes.pool, filled[:1])  # a copy filled ahead dies before a run takes it
+            async with group.run() as one, group.run() as two:
+                seen += [one.exec("cat setup.txt").stdout, two.exec("cat setup.txt").stdout]
+                given = {one.id, two.id}
+            await group.close()
+            return seen, filled, given, sandboxes.leased.copy(), dict(sandboxes.counts)
+        finally:
+            await sandboxes.close()
+
+    seen, filled, given, leased, counts = asyncio.run(main())
+    assert seen == ["prepared\n"] * 3
+    assert filled[0] not in given and filled[1] in given  # the dead one given back, not handed out
+    assert leased == set() and counts["acquired"] == counts["released"] == 1 + 1 + 2 + 1
+
+
+def tar_of(*members: tuple[str, str]) -> bytes:
+    """A tar of (name, link target) symlinks, or (name, "") files holding 'x'."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, link in members:
+            info = tarfile.TarInfo(name)
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+    return buf.getvalue()
+
+
+def test_a_restored_state_never_writes_through_a_link_or_out_of_the_workspace(tmp_path):
+    """A group's state, restored into each run's sandbox, is a snapshot of a workspace the task's
+    setup wrote: its links are kept as links, and nothing is written through one."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with pytest.raises(SandboxError, match="'..' refused"):
+        workspace.entries_of(tar_of(("../escape", "")))
+    with LocalSandbox(Limits()) as box:
+        workspace.restore(box, workspace.entries_of(tar_of(("up", "../.."), ("abs", str(outside)), ("f", ""))))
+        with pytest.raises(SandboxError, match="goes through the symlink 'abs'"):
+            workspace.restore(box, workspace.entries_of(tar_of(("abs/pwned", ""))))
+        listed = box.exec("ls -l; cat f").stdout
+    assert "up -> ../.." in listed and f"abs -> {outside}" in listed and listed.endswith("x")
+    assert list(outside.iterdir()) == []
 
 
 def test_the_http_token_reaches_its_own_sandbox_only_and_dies_with_the_run(tmp_path):
@@ -156,7 +225,7 @@ def test_no_sandbox_outlives_a_run_that_returns_raises_times_out_or_is_cancelled
             assert sandboxes.leased == set() and len(entered) == 4
             producer.timeout_s = 3600
             group = asyncio.ensure_future(producer.play(producer.next_key(), 2))  # runs 5 and 6 hang ...
-            while len(entered) < 6 or len(sandboxes.leased) < 3:
+            while len(entered) < 6 or len(sandboxes.leased) < 2:
                 await asyncio.sleep(0.05)
             producer.on_weights(1, cancel_before=1)  # ... until cancelled with their weights
             await group
