@@ -160,7 +160,8 @@ class RunConfig(Section):
         return self.rollout.prompts_per_step * self.rollout.group_size
 
     def run_dir(self) -> Path:
-        return self.logging.run_folder()
+        """This run's folder: `logging.run_dir` with `{name}` filled in."""
+        return self.logging.resolved_run_dir()
 
     @property
     def run_kind(self) -> RunKind:

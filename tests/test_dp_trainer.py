@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import os
 import sys
 
@@ -26,6 +27,7 @@ from cadence.runtime.trainer_group import TrainerGroup
 from cadence.train.credit import AttentionCredit
 from cadence.train.critics import CriticEnsemble
 from cadence.train.data_parallel import DataParallel, SingleProcess
+from cadence.train.protocol import Trainer
 from cadence.train.shard import rank_rows, token_balanced_bins
 from cadence.train.trainer import PolicyTrainer
 
@@ -82,9 +84,23 @@ def assert_same_weights(a: dict, b: dict, start: dict | None = None) -> None:
         assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-3
 
 
+def parameters(cls: type) -> dict[str, list[tuple]]:
+    """The `Trainer` protocol's methods as `cls` has them: each one's (name, kind, default) parameters."""
+    methods = [name for name, member in vars(Trainer).items() if inspect.isfunction(member) and name[0] != "_"]
+    return {name: [(p.name, p.kind, p.default) for p in inspect.signature(getattr(cls, name)).parameters.values()]
+            for name in methods}
+
+
+def assert_is_a_trainer(trainer: object) -> None:
+    """What the training loop asks of a trainer (`Trainer`), asked the same way."""
+    assert [a for a in Trainer.__annotations__ if not hasattr(trainer, a)] == []
+    assert parameters(type(trainer)) == parameters(Trainer)
+
+
 def test_a_trainer_alone_is_rank_0_of_1_whose_collectives_return_their_input(tmp_path):
     """The default `dp` (no torch.distributed): the whole batch is its share, collectives are
-    identities, and its checkpoint state carries the whole optimizer (resumable as is)."""
+    identities, and its checkpoint state carries the whole optimizer (resumable as is): it saves
+    nothing more into a checkpoint. One rank and many are one `Trainer`."""
     dp = SingleProcess()
     rows, t = torch.tensor([2, 0, 1]), torch.tensor([1.5, -2.0])
     assert dp.rows(rows, torch.tensor([5, 1, 9])) is rows
@@ -94,8 +110,13 @@ def test_a_trainer_alone_is_rank_0_of_1_whose_collectives_return_their_input(tmp
     trainer = build_trainer(TrainerConfig(micro_batch_size=2), AlgorithmConfig())
     assert isinstance(trainer.dp, SingleProcess) and trainer.policy is trainer.model
     assert not torch.distributed.is_initialized()
+    assert_is_a_trainer(trainer)
+    assert parameters(TrainerGroup) == parameters(Trainer)
     steps(trainer, 0, 1)
     state = copy.deepcopy(trainer.state_dict())  # CPU tensors are handed over as they are, not copied
+    assert "optimizer" in state
+    trainer.save(tmp_path)
+    assert list(tmp_path.iterdir()) == []
     resumed = build_trainer(TrainerConfig(micro_batch_size=2), AlgorithmConfig())
     resumed.model.load_state_dict(trainer.weights())
     resumed.load_state_dict(state)
@@ -127,6 +148,7 @@ def test_two_ranks_match_one_rank_after_three_steps(strategy):
     metrics_1 = steps(single, 0, 3)
     group = start_group(cfg, algo)
     try:
+        assert_is_a_trainer(group)
         metrics_2 = steps(group, 0, 3)
         weights_2 = group.weights()
     finally:
@@ -157,7 +179,7 @@ def test_resume_across_rank_counts_matches_continuing(tmp_path):
         assert_same_weights(at_3, group.weights(), at_2)
         state_3 = group.state_dict()
         assert "optimizer" not in state_3  # its shards are in the folder
-        group.save_sharded(tmp_path / "step_3")
+        group.save(tmp_path / "step_3")
     finally:
         group.close()
 
@@ -170,12 +192,17 @@ def test_resume_across_rank_counts_matches_continuing(tmp_path):
 
 
 class DenominatorProbe:
-    """A rank's share of a loss in every aggregation mode, over global or local denominators."""
+    """Stands in for a rank's trainer: its `state_dict` is the ranks' shares of a loss added up, in
+    every aggregation mode, over global ("shared") and over each share's own ("local") denominators."""
 
-    def __init__(self, dp: DataParallel) -> None:
-        self.dp = dp
+    def __init__(self, per_token: torch.Tensor, mask: torch.Tensor, dp: DataParallel) -> None:
+        self.per_token, self.mask, self.dp = per_token, mask, dp
 
-    def shared_losses(self, per_token: torch.Tensor, mask: torch.Tensor, global_denominators: bool) -> dict:
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        return {"shared": self.losses(True), "local": self.losses(False)}
+
+    def losses(self, global_denominators: bool) -> dict[str, float]:
+        per_token, mask = self.per_token, self.mask
         rows = self.dp.rows(torch.arange(len(mask)), mask.sum(1))
         tokens, seqs = self.dp.denominators(mask[rows]) if global_denominators else batch_denominators(mask[rows])
         local = {
@@ -193,12 +220,13 @@ def test_global_denominators_for_every_aggregation_mode():
     lengths = torch.tensor([9, 2, 5, 7, 1, 4])
     mask = (torch.arange(9)[None, :] < lengths[:, None]).float()
     mask[4] = 0.0  # a sequence with no response token counts in no denominator
-    group = TrainerGroup(DenominatorProbe, TrainerConfig(), RuntimeConfig(trainer_workers=2))
+    probe = functools.partial(DenominatorProbe, per_token, mask)
+    group = TrainerGroup(probe, TrainerConfig(), RuntimeConfig(trainer_workers=2))
     try:
-        shared = group.run(DenominatorProbe.shared_losses, per_token, mask, True)[0]
-        local = group.run(DenominatorProbe.shared_losses, per_token, mask, False)[0]
+        losses = group.state_dict()
     finally:
         group.close()
+    shared, local = losses["shared"], losses["local"]
     for mode in MODES:
         whole = float(aggregate(per_token, mask, mode, norm_length=8.0))
         assert shared[mode] == pytest.approx(whole, rel=1e-6), mode
@@ -214,10 +242,6 @@ def build_critic_credit_trainer(trainer_cfg: TrainerConfig, algo: AlgorithmConfi
     return PolicyTrainer(model, trainer_cfg, algo, 1.0, 0, critics=critics, credit=credit, dp=dp)
 
 
-def trainer_critics(trainer: PolicyTrainer) -> CriticEnsemble:
-    return trainer.critics
-
-
 @pytest.mark.slow
 def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
     """... with FSDP's CPU offload on (host memory unpinned here: there is no GPU)."""
@@ -231,15 +255,15 @@ def test_critics_and_rhythm_credit_are_sharded_like_one_rank():
     try:
         metrics_2 = steps(group, 0, 3)
         weights_2 = group.weights()
-        critics_2 = group.run(trainer_critics)[0]
+        critics_2 = group.state_dict()["critics"]["critics"]  # rank 0's, as the checkpoint has them
     finally:
         group.close()
     assert_same_metrics(metrics_1, metrics_2)
     for key in ("critic/value_loss_0", "critic/value_loss_1", "rhythm/gamma_mean", "asyppo/adv_masked_fraction"):
         assert [m[key] for m in metrics_2] == pytest.approx([m[key] for m in metrics_1], rel=1e-5), key
     assert_same_weights(single.policy.state_dict(), weights_2, start)
-    for mine, theirs in zip(single.critics.critics, critics_2.critics, strict=True):
-        assert_same_weights(mine.state_dict(), theirs.state_dict())
+    for mine, theirs in zip(single.critics.critics, critics_2, strict=True):
+        assert_same_weights(mine.state_dict(), theirs)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ class FakeTrainer:
     def __init__(self, version: int = 0, sharded: bool = False) -> None:
         self.model, self.version, self.sharded = MODEL, version, sharded
         self.loaded: tuple | None = None
-        self.shards_in: list[Path] = []
+        self.saved_into: list[Path] = []
 
     def state_dict(self) -> dict:
         state = {"version": self.version, "kl_coef": 0.0625}
@@ -45,8 +45,11 @@ class FakeTrainer:
     def weights(self) -> dict:
         return {"w": torch.full((2,), float(self.version))}
 
-    def save_sharded(self, folder: Path) -> None:
-        self.shards_in.append(folder)
+    def save(self, folder: Path) -> None:
+        self.saved_into.append(folder)
+
+    def close(self) -> None:
+        pass
 
 
 class FakeWorkers:
@@ -120,13 +123,11 @@ def test_a_checkpoint_written_before_run_state_loads(tmp_path):
     assert restored.workers == [{"cursor": 8}]
 
 
-def test_shards_are_written_only_when_the_trainer_state_leaves_the_optimizer_out(tmp_path):
-    checkpoints = _checkpointer(tmp_path)
-    whole, sharded = FakeTrainer(), FakeTrainer(sharded=True)
-    checkpoints.save(RunState(step=1), whole, FakeWorkers())
-    folder = checkpoints.save(RunState(step=2), sharded, FakeWorkers())
-    assert whole.shards_in == [] and len(sharded.shards_in) == 1
-    assert sharded.shards_in[0].name == "step_2.tmp" and folder.name == "step_2"  # written before the rename
+def test_the_trainer_saves_its_part_into_the_checkpoint_before_it_is_complete(tmp_path):
+    """Whatever `state_dict` leaves out (a data-parallel trainer's shards) is the trainer's to write."""
+    trainer = FakeTrainer(sharded=True)
+    folder = _checkpointer(tmp_path).save(RunState(step=2), trainer, FakeWorkers())
+    assert [f.name for f in trainer.saved_into] == ["step_2.tmp"] and folder.name == "step_2"  # before the rename
 
 
 def test_checkpoints_rotate_and_resume_picks_the_latest(tmp_path, capsys):

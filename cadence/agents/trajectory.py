@@ -1,14 +1,14 @@
 """Token-exact trajectories from an agent's requests.
 
 The endpoint records, for every completion it returns, the prompt ids it
-rendered, the ids the engine sampled, their log-probs mu and the policy
-version. An agent run's requests form a tree:
+rendered, the ids the engine sampled, their log-probs (the behaviour policy's)
+and the policy version. An agent run's requests form a tree:
 
 - A request whose prompt ids start with an earlier completion's prompt +
   sampled ids, id for id, continues it (the deepest such completion is its
   parent). The ids in between are what the agent inserted (tool results, user
   turns, the template's turn markup): they join the sequence with loss mask 0
-  and mu 0, never re-tokenised from text.
+  and log-prob 0, never re-tokenised from text.
 - A request that continues nothing starts a new root. Two causes, told apart
   by the messages (counted in metrics):
     "rewrite"  the agent changed its history (summarised, truncated, edited):
@@ -104,13 +104,13 @@ class Trajectory:
             chain.insert(0, chain[0].parent)
         head = chain[0]
         response: list[int] = []
-        mu: list[float] = []
+        behaviour_logprobs: list[float] = []
         mask: list[int] = []
         done = len(head.prompt_ids)
         for node in chain:
             inserted = node.prompt_ids[done:]
             response += inserted + node.result.token_ids
-            mu += [0.0] * len(inserted) + node.result.logprobs
+            behaviour_logprobs += [0.0] * len(inserted) + node.result.logprobs
             mask += [0] * len(inserted) + [1] * len(node.result.token_ids)
             done = len(node.full_ids)
         return Sample(
@@ -118,7 +118,7 @@ class Trajectory:
             group_id=group_id,
             prompt_ids=list(head.prompt_ids),
             response_ids=response,
-            behaviour_logprobs=mu,
+            behaviour_logprobs=behaviour_logprobs,
             reward=reward,
             version=min(n.result.version for n in chain),
             finish_reason=leaf.result.finish_reason,

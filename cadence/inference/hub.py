@@ -160,14 +160,6 @@ class InferenceHub:
         """The next round swaps queued weights in even with requests in flight."""
         self._force_swap = True
 
-    def has_work(self) -> bool:
-        """Requests queued or in flight, or weights waiting to be swapped in."""
-        return bool(self._futures) or self._new_weights is not None
-
-    def load(self) -> list[int]:
-        """Requests in flight per replica."""
-        return [r.load() for r in self.replicas]
-
     def run(self, reqs: list[GenRequest]) -> list[GenResult]:
         """Complete `reqs` from synchronous code (no event loop running in this thread).
 

@@ -74,7 +74,8 @@ class GenResult:
     token; `text` is the decoded response cut before the stop string, without
     special tokens.
 
-    logprobs[i] is the behaviour log-prob (mu) of token_ids[i]:
+    logprobs[i] is the behaviour log-prob of token_ids[i] (the sample's
+    `behaviour_logprobs`, mu in the formulas of `cadence.algo`):
     log_softmax(logits / T)[token] over the full vocabulary, T the request's
     temperature (T = 1 for greedy requests), under the weights that sampled
     the token. With top_p < 1 it is still the full-vocabulary value, not

@@ -44,6 +44,6 @@ class LoggingConfig(BaseModel):
         "(runtime.max_restarts > 0); None = no messages."
     )
 
-    def run_folder(self) -> Path:
+    def resolved_run_dir(self) -> Path:
         """This run's folder: `run_dir` with `{name}` filled in."""
         return Path(self.run_dir.format(name=self.name))

@@ -43,7 +43,7 @@ def latest_run(root: Path, prefix: str = "", suffix: str = "") -> Path | None:
 
 
 def _keep_started_name(logging: LoggingConfig) -> None:
-    saved = logging.run_folder() / CONFIG_FILE
+    saved = logging.resolved_run_dir() / CONFIG_FILE
     if saved.is_file():
         name = (yaml.safe_load(saved.read_text()) or {}).get("logging", {}).get("name")
         if isinstance(name, str):
@@ -69,6 +69,6 @@ def choose_run_name(logging: LoggingConfig, resume: bool) -> None:
         logging.name = found.name[len(prefix) : len(found.name) - len(suffix)]
         return
     base, n = logging.name, 1
-    while logging.run_folder().exists():  # two runs started in the same second
+    while logging.resolved_run_dir().exists():  # two runs started in the same second
         n += 1
         logging.name = f"{base}-{n}"

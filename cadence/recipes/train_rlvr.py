@@ -55,7 +55,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, allow_change: list[str] | None
     """The run folder, checked before anything loads: a fresh run never overwrites checkpoints,
     and a resumed one keeps its config unless the changed fields are allowed (then recorded)."""
     choose_run_name(cfg.logging, resume)  # as `cadence train` does (a no-op once it has): a resume keeps its name
-    run_dir = cfg.logging.run_folder()
+    run_dir = cfg.run_dir()
     found = latest_checkpoint(run_dir) if run_dir.exists() else None
     if found and not resume:
         raise ConfigError(

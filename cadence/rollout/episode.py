@@ -5,9 +5,9 @@ it waits for its environment the engine serves every other episode:
 
     ids = turns.first(first observation)                     the prompt
     repeat:
-        out = await hub.generate(ids)                       model tokens: mask 1, mu, version
+        out = await hub.generate(ids)                       model tokens: mask 1, log-probs, version
         step = await env.step(out.text)                     (off the event loop)
-        ids += out.token_ids + turns.after(out, observation) environment tokens: mask 0, mu 0
+        ids += out.token_ids + turns.after(out, observation) environment tokens: mask 0, log-prob 0
     until the episode is done, max_turns, or the context budget is spent
 
 `turns` (cadence/rollout/turns.py) is the plain-text format or the
@@ -80,7 +80,7 @@ async def run_episode(
     prompt = turns.first(tokenizer, first.observation)
     response: list[int] = []
     loss_mask: list[int] = []
-    mu: list[float] = []
+    behaviour_logprobs: list[float] = []
     token_rewards: list[float] = []
     versions: list[int] = []
     finish_version: int | None = None
@@ -99,7 +99,7 @@ async def run_episode(
             episode.turns += 1
             response += out.token_ids
             loss_mask += [1] * len(out.token_ids)
-            mu += out.logprobs
+            behaviour_logprobs += out.logprobs
             versions.append(out.version)
             finish_version = out.finish_version
             if out.finish_reason == "abort":  # cancelled (a redundant straggler): nothing to train
@@ -121,7 +121,7 @@ async def run_episode(
             assert observation, "a turn format must put at least one token between two turns"
             response += observation
             loss_mask += [0] * len(observation)
-            mu += [0.0] * len(observation)
+            behaviour_logprobs += [0.0] * len(observation)
             token_rewards += [0.0] * len(observation)
     finally:
         hub.forget(episode_id)
@@ -134,7 +134,7 @@ async def run_episode(
         group_id=group_id,
         prompt_ids=prompt,
         response_ids=response,
-        behaviour_logprobs=mu,
+        behaviour_logprobs=behaviour_logprobs,
         reward=sum(episode.rewards),
         version=min(versions),  # staleness is judged by the oldest turn
         finish_reason="length" if episode.truncated else "stop",

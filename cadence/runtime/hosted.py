@@ -96,16 +96,16 @@ class RemoteCredit:
         recovery = Recovery("actor_attn", max_restarts, run_dir)
         self.actor: RayActor[AttentionCredit] = RayActor(
             make, _actor_options(cpus, resources), recovery,
-            restore=lambda actor: actor.call(AttentionCredit.sync_weights, *self._weights),
+            restore=lambda actor: actor.call(AttentionCredit.update_weights, *self._weights),
         )
         self.last_seconds = 0.0
-        self.sync_weights(policy.state_dict(), 0)  # the trainer's weights (a resumed run's differ from the path's)
+        self.update_weights(policy.state_dict(), 0)  # the trainer's weights (a resumed run's differ from the path's)
 
-    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         import ray
 
         self._weights = (ray.put({k: v.detach().cpu() for k, v in state_dict.items()}), version)
-        self.actor.call(AttentionCredit.sync_weights, *self._weights)
+        self.actor.call(AttentionCredit.update_weights, *self._weights)
 
     def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]:
         gammas, metrics = self.actor.call(AttentionCredit.gammas, batch.to("cpu"))

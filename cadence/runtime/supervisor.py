@@ -115,7 +115,7 @@ def supervise(rt: RuntimeConfig, logging: LoggingConfig, args: list[str], resume
     """Train the run of the command-line `args` in a child until it finishes or has failed
     `runtime.max_restarts` + 1 times; returns the last child's exit code. `logging` names the
     run's folder (restarts.jsonl) and the webhook."""
-    run_dir, url = logging.run_folder(), logging.webhook_url
+    run_dir, url = logging.resolved_run_dir(), logging.webhook_url
     base = {"run": logging.name, "run_dir": str(run_dir)}
     restarts = 0
     while True:

@@ -96,12 +96,8 @@ class TrainerRank:
     def load_state_dict(self, state: dict, folder: Path | None) -> None:
         self.trainer.load_state_dict(state, folder)
 
-    def save_sharded(self, folder: Path) -> None:
-        self.trainer.save_sharded(folder)
-
-    def run(self, method: Callable[..., Any], *args: Any) -> Any:
-        """Any method of what `build` built (a probe, in tests), given by its class."""
-        return method(self.trainer, *args)
+    def save(self, folder: Path) -> None:
+        self.trainer.save(folder)
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -199,13 +195,9 @@ class TrainerGroup:
         call_all(self.ranks, TrainerRank.load_state_dict, state, folder)
         self.version = int(state["version"])
 
-    def save_sharded(self, folder: Path) -> None:
+    def save(self, folder: Path) -> None:
         """Every rank writes its shard of weights and optimizer state under `folder` (DCP)."""
-        call_all(self.ranks, TrainerRank.save_sharded, folder)
-
-    def run(self, method: Callable[..., Any], *args: Any) -> list[Any]:
-        """`method(trainer, *args)` on every rank's trainer at once; their answers."""
-        return call_all(self.ranks, TrainerRank.run, method, *args)
+        call_all(self.ranks, TrainerRank.save, folder)
 
     def close(self) -> None:
         for r in self.ranks:

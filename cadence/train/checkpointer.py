@@ -30,12 +30,9 @@ class Checkpointer:
     def save(self, run: RunState, trainer: Trainer, workers: RolloutState) -> Path:
         """`step_<run.step>`: the trainer's weights and the run's state, taken now."""
         run.capture(trainer, workers)
-        # A trainer state without its optimizer (data parallel) has it in the ranks' shards, as
-        # `Trainer.load_state_dict` expects on the way back.
-        shards = trainer.save_sharded if "optimizer" not in run.trainer else None
         return save_checkpoint(
             self.run_dir, run.step, trainer.model, self.tokenizer, run.to_dict(), keep=self.cfg.keep,
-            files={CONFIG_FILE: self.config_text}, write_shards=shards,
+            files={CONFIG_FILE: self.config_text}, write_shards=trainer.save,
         )
 
     def latest(self) -> Path | None:

@@ -26,7 +26,7 @@ from cadence.train.batch import TrainBatch
 class Credit(Protocol):
     """What the trainer asks of credit, local or hosted (`cadence.runtime.hosted.RemoteCredit`)."""
 
-    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None: ...
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None: ...
 
     def gammas(self, batch: TrainBatch) -> tuple[Tensor, dict[str, float]]: ...
 
@@ -58,7 +58,7 @@ class AttentionCredit:
         self.actor_attn.model.to(device)
         return self
 
-    def sync_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         self.actor_attn.update_weights(state_dict, version)
 
     @torch.no_grad()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from cadence.algo.aggregation import batch_denominators
-from cadence.train.checkpoint import load_full_optimizer
+from cadence.train.checkpoint import load_full_optimizer, save_sharded
 from cadence.train.device import to_cpu
 from cadence.train.shard import rank_rows
 
@@ -120,8 +121,13 @@ class DataParallel:
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         """The optimizer state a checkpoint's trainer state holds: none here, each rank's shard goes
-        to `save_sharded`."""
+        to `save_shards`."""
         return None
+
+    def save_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """What the trainer state leaves out: this rank's shard of weights and optimizer state,
+        written under the checkpoint `folder` (a collective: every rank calls it)."""
+        save_sharded(model, optimizer, folder)
 
     def load_optimizer(
         self, model: nn.Module, plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict
@@ -197,6 +203,9 @@ class SingleProcess(DataParallel):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         return optimizer.state_dict()
+
+    def save_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Nothing: the whole optimizer state is in the trainer state (`optimizer_state`)."""
 
     def load_optimizer(
         self, model: nn.Module, plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict

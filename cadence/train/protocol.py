@@ -33,12 +33,12 @@ class Trainer(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        """`state` from `state_dict`; `folder`: the checkpoint, read for the shards `save_sharded` wrote."""
+        """`state` from `state_dict`; `folder`: the checkpoint, read for what `save` wrote there."""
         ...
 
-    def save_sharded(self, folder: Path) -> None:
-        """Data parallel: each rank writes its shard of weights and optimizer state into the
-        checkpoint `folder` (`state_dict` then leaves the optimizer out)."""
+    def save(self, folder: Path) -> None:
+        """Into the checkpoint `folder` (before it is complete), what `state_dict` leaves out:
+        data parallel, each rank's shard of weights and optimizer state; one process, nothing."""
         ...
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from cadence.models.loading import enable_activation_checkpointing, frozen_copy
 from cadence.models.lora import adapter_state, is_lora, load_adapter_state, merged_state_dict
 from cadence.rollout.sample import Group
 from cadence.train.batch import TrainBatch, bucketed_micro_batches, collate, flatten, micro_batches
-from cadence.train.checkpoint import load_sharded, save_sharded
+from cadence.train.checkpoint import load_sharded
 from cadence.train.config import TrainerConfig
 from cadence.train.credit import AttentionCredit, Credit
 from cadence.train.critics import CriticEnsemble, Critics
@@ -178,7 +178,7 @@ class PolicyTrainer:
         self.steps += 1
         if updates:  # a version is a set of weights: critic warm-up steps leave it unchanged
             self.version += 1
-            self._sync_credit()
+            self._update_credit_weights()
         if self.kl_control is not None and "train/kl_ref" in metrics:
             metrics["train/kl_coef"] = self.kl_control.update(metrics["train/kl_ref"], len(batch))
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
@@ -253,11 +253,11 @@ class PolicyTrainer:
         gammas = self._over_shares(local, batch)
         return gammas, {**credit_metrics(gammas, batch.mask), "rhythm/attention_seconds": seconds}
 
-    def _sync_credit(self) -> None:
+    def _update_credit_weights(self) -> None:
         """actor_attn follows the policy's weights (full ones: each rank's copy is whole)."""
         if self.credit is not None:
             weights = merged_state_dict(self.model) if self.lora else self.dp.full_state_dict(self.policy, everywhere=True)
-            self.credit.sync_weights(weights, self.version)
+            self.credit.update_weights(weights, self.version)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's full weights for the engines, on CPU (data parallel: a collective; rank 0's
@@ -434,7 +434,7 @@ class PolicyTrainer:
         state = {"version": self.version, "steps": self.steps, "scheduler": self.scheduler.state_dict()}
         if self.kl_control is not None:  # adaptive KL: the coefficient is trainer state, never config
             state["kl_coef"] = self.kl_control.coef
-        optimizer = self.dp.optimizer_state(self.optimizer)  # data parallel: None, its shards go to `save_sharded`
+        optimizer = self.dp.optimizer_state(self.optimizer)  # data parallel: None, its shards go to `save`
         if optimizer is not None:
             state["optimizer"] = optimizer
         if self.critics is not None:
@@ -443,8 +443,10 @@ class PolicyTrainer:
             state["adapter"] = adapter_state(self.model)
         return to_cpu(state)
 
-    def save_sharded(self, folder: Path) -> None:
-        save_sharded(self.policy, self.optimizer, folder)
+    def save(self, folder: Path) -> None:
+        """Into the checkpoint `folder`, what `state_dict` leaves out: a data-parallel rank's shard
+        of weights and optimizer state; nothing for a trainer alone in its process."""
+        self.dp.save_shards(self.policy, self.optimizer, folder)
 
     def close(self) -> None:
         """Nothing to release: this trainer lives in this process (`Trainer` protocol)."""
@@ -467,4 +469,4 @@ class PolicyTrainer:
             self.kl_control.coef = float(state["kl_coef"])
         if self.critics is not None:
             self.critics.load_state_dict(state["critics"])
-        self._sync_credit()
+        self._update_credit_weights()

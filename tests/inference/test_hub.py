@@ -12,6 +12,7 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import GenRequest, SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
+from tests.inference.hub_probe import busy, in_flight
 
 
 def mock(**kw) -> MockEngine:
@@ -38,7 +39,7 @@ def test_concurrent_callers_share_one_continuous_batch():
     assert all(len(r.token_ids) == 10 and r.finish_reason == "stop" for r in results)
     # 40 requests x 10 tokens in far fewer than 400 steps: they decoded side by side.
     assert engine.stats()["decode_steps"] < 100
-    assert hub.load() == [0] and not hub.has_work()
+    assert in_flight(hub) == [0] and not busy(hub)
 
 
 def test_new_requests_go_to_the_least_loaded_replica_and_episodes_stay_put():
@@ -47,16 +48,16 @@ def test_new_requests_go_to_the_least_loaded_replica_and_episodes_stay_put():
 
     async def main():
         futures = [hub.submit(req(i)) for i in range(6)]
-        assert hub.load() == [3, 3]
+        assert in_flight(hub) == [3, 3]
         turn1 = hub.submit(req(100), affinity="episode-7")
-        where = hub.load().index(4)
+        where = in_flight(hub).index(4)
         for i in range(4):  # later turns follow the first, however loaded its replica is
             hub.submit(req(200 + i), affinity="episode-7")
-        assert hub.load()[where] == 8
+        assert in_flight(hub)[where] == 8
         hub.forget("episode-7")
         hub.submit(req(300), affinity="episode-7")
-        assert sorted(hub.load()) == [4, 8]  # routed by load again
-        while hub.has_work():
+        assert sorted(in_flight(hub)) == [4, 8]  # routed by load again
+        while busy(hub):
             await hub.pump()
         return [f.result() for f in futures] + [turn1.result()]
 
@@ -96,7 +97,7 @@ def test_weights_from_another_thread_swap_between_rounds_and_are_recorded():
         pusher.join()
         assert engine.version == 0  # queued, not applied mid-round
         late = hub.submit(req(1))
-        while hub.has_work():
+        while busy(hub):
             await hub.pump()
         return await early, await late
 
