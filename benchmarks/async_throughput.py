@@ -76,7 +76,8 @@ COMMON = [
     "trainer.micro_batch_size=32",
     *TIMING_ONLY,
 ]
-RAY = ["runtime.kind=ray", "runtime.threads=1"]
+# Start-up is not timed: on a busy machine a Ray actor can take over the default minute to start.
+RAY = ["runtime.kind=ray", "runtime.threads=1", "runtime.placement_timeout_s=900"]
 VARIANTS = {
     "sync (inline, 2 threads)": ["runtime.kind=inline", "runtime.threads=2", "rollout.async_ratio=0"],
     "sync (ray, 1+1 cores)": [*RAY, "rollout.async_ratio=0"],

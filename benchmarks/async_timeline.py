@@ -140,15 +140,58 @@ def run_steps(run: Path, warmup: int) -> list[dict]:
     return steps
 
 
-def per_run(steps: list[dict]) -> dict[str, float]:
-    return {k: statistics.median(s[k] for s in steps) for k in STEP_FIELDS}
+# What the probe's log says about the same timed span (run_groups); absent when no probe ran.
+GROUP_FIELDS = (
+    "engine_step_share", "engine_swap_share", "engine_gap_share", "engine_rows_mean", "engine_waiting_mean",
+    "swaps", "swap_s", "push_to_swap_s", "answer_to_buffer_ms", "group_add_to_buffer_s",
+)
+
+
+def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
+    """The rollout process's engine, swaps and groups between t0 and t1 (the timed steps)."""
+    log = [r for f in sorted((run / "events").glob("groups-*.jsonl")) for r in read_jsonl(f)]
+    steps = [r for r in log if r["e"] == "step" and t0 <= r["t0"] < t1]
+    swaps = [r for r in log if r["e"] == "swap" and t0 <= r["t0"] < t1]
+    if not steps:
+        return {}
+    span = t1 - t0
+    step_s = sum(r["t1"] - r["t0"] for r in steps)
+    swap_s = sum(r["t1"] - r["t0"] for r in swaps)
+    # The trainer's pushes: the end of each of its weight_sync spans; each swap follows the latest one.
+    pushes = sorted(s["t1"] for s in read_jsonl(run / "events" / "trainer.jsonl") if s.get("state") == "weight_sync")
+    delays = [w["t0"] - max((p for p in pushes if p <= w["t0"]), default=w["t0"]) for w in swaps]
+    added, answered = {}, {}
+    for r in log:
+        if r["e"] == "add":
+            added.setdefault(r["id"].split("/")[0], r["t"])
+        elif r["e"] == "step":
+            for rid in r["done"]:
+                answered[rid.split("/")[0]] = r["t1"]  # the group's last answer so far
+    puts = [r for r in log if r["e"] == "put" and t0 <= r["t"] < t1]
+    to_buffer = [r["t"] - answered[str(r["group"])] for r in puts if str(r["group"]) in answered]
+    add_to_buffer = [r["t"] - added[str(r["group"])] for r in puts if str(r["group"]) in added]
+    return {
+        "engine_step_share": step_s / span, "engine_swap_share": swap_s / span,
+        "engine_gap_share": 1 - (step_s + swap_s) / span,
+        "engine_rows_mean": sum(r["running"] * (r["t1"] - r["t0"]) for r in steps) / step_s,
+        "engine_waiting_mean": sum(r["waiting"] * (r["t1"] - r["t0"]) for r in steps) / step_s,
+        "swaps": len(swaps), "swap_s": swap_s / max(len(swaps), 1),
+        "push_to_swap_s": statistics.median(delays) if delays else float("nan"),
+        "answer_to_buffer_ms": 1e3 * statistics.median(to_buffer) if to_buffer else float("nan"),
+        "group_add_to_buffer_s": statistics.median(add_to_buffer) if add_to_buffer else float("nan"),
+    }
+
+
+def per_run(run: Path, warmup: int) -> dict[str, float]:
+    steps = run_steps(run, warmup)
+    return {**{k: statistics.median(s[k] for s in steps) for k in STEP_FIELDS},
+            **run_groups(run, steps[0]["t0"], steps[-1]["t1"])}
 
 
 def summarize(pairs: list[tuple[Path, Path]], warmup: int) -> dict:
-    runs = {"before": [per_run(run_steps(b, warmup)) for b, _ in pairs],
-            "after": [per_run(run_steps(a, warmup)) for _, a in pairs]}
+    runs = {"before": [per_run(b, warmup) for b, _ in pairs], "after": [per_run(a, warmup) for _, a in pairs]}
     table = []
-    for k in STEP_FIELDS:
+    for k in (*STEP_FIELDS, *(f for f in GROUP_FIELDS if all(f in r for r in runs["before"] + runs["after"]))):
         b = statistics.median(r[k] for r in runs["before"])
         a = statistics.median(r[k] for r in runs["after"])
         ratios = [ra[k] / rb[k] for rb, ra in zip(runs["before"], runs["after"], strict=True) if rb[k]]
@@ -164,19 +207,24 @@ def plot_round(before: Path, after: Path, warmup: int, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"waiting": "#d9d9d9", "training": "#4c72b0", "weight_sync": "#c44e52", "logging": "#8172b2",
-               "generating": "#55a868"}
-    fig, axes = plt.subplots(2, 1, figsize=(12, 4), sharex=True)
+               "generating": "#55a868", "other (checkpoint, evaluation)": "#444444"}
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
     for ax, (name, run) in zip(axes, (("before", before), ("after", after)), strict=True):
         steps = run_steps(run, warmup)
         start, end = steps[0]["t0"], steps[-1]["t1"]
-        for lane, actor in enumerate(("trainer", "rollout-0")):
-            for s in read_jsonl(run / "events" / f"{actor}.jsonl"):
+        lanes = {"trainer": read_jsonl(run / "events" / "trainer.jsonl"),
+                 "rollout": read_jsonl(run / "events" / "rollout-0.jsonl"),
+                 "engine (probe)": [{"state": {"step": "generating", "swap": "weight_sync"}[r["e"]], **r}
+                                    for f in sorted((run / "events").glob("groups-*.jsonl"))
+                                    for r in read_jsonl(f) if r["e"] in ("step", "swap")]}
+        for lane, spans in enumerate(lanes.values()):
+            for s in spans:
                 if "state" in s and s["t1"] > start and s["t0"] < end:
                     left, right = max(s["t0"], start) - start, min(s["t1"], end) - start
-                    ax.barh(lane, right - left, left=left, color=colours.get(s["state"], "k"), height=0.8)
+                    ax.barh(lane, right - left, left=left, color=colours.get(s["state"], "#444444"), height=0.8)
         for s in steps:
             ax.axvline(s["t1"] - start, color="k", lw=0.5)
-        ax.set_yticks([0, 1], ["trainer", "rollout"])
+        ax.set_yticks(range(len(lanes)), list(lanes))
         ax.set_xlim(0, None)
         ax.set_title(f"{name}: {len(steps)} timed steps, {end - start:.1f} s", fontsize=9, loc="left")
     axes[-1].set_xlabel("seconds from the first timed step (vertical lines: a trainer step ends)")
