@@ -15,7 +15,7 @@ response when it has none. Score (`scoring`):
 Where it runs: a fresh sandbox per response (cadence.sandbox: no network, no host files,
 rlimits, a seccomp filter and, where available, a memory cgroup), on a sandbox service when
 `url` is set (a warm sandbox from its pool: milliseconds) or a local bubblewrap sandbox
-otherwise. Inside, a judge (unit_tests_harness.py, at the sandbox agent's uid) runs each test
+otherwise. Inside, a judge (cadence/rewards/judge/, at the sandbox agent's uid) runs each test
 itself and the solution as user code (its own uid, where the host is root), in a fresh process
 per test (forked from one interpreter per call) that only answers its questions ("call add(2,
 3)") with plain data of exact built-in types; the judge compares, so an always-equal object, an
@@ -33,18 +33,16 @@ import json
 import re
 import secrets
 import shutil
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cadence.data.tasks import Prompt
+from cadence.rewards.judge import JUDGE
 
 MAX_TESTS = 245  # a bound on one response's sandbox time (test_timeout_s each)
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-HARNESS = (Path(__file__).with_name("unit_tests_harness.py")).read_text()
 
 
 class UnitTestsConfig(BaseModel):
@@ -156,7 +154,7 @@ def passed_tests(sb: Any, solution: str, tests: list[str], test_timeout_s: float
     exceeded" for the whole solution)."""
     nonce = secrets.token_hex(16)
     params = json.dumps({"tests": tests, "solution": solution, "timeout_s": test_timeout_s, "nonce": nonce})
-    r = sb.exec(code=f"PARAMS = {params!r}\n{HARNESS}", timeout_s=wall_s, judge=True)
+    r = sb.exec(code=f"PARAMS = {params!r}\n{JUDGE}", timeout_s=wall_s, judge=True)
     lines = r.stdout.splitlines()
     verdict = lines[-1].split(" ") if lines else []
     if (r.limit is not None or r.exit_code != 0 or len(verdict) != 3 or verdict[0] != nonce
