@@ -15,7 +15,7 @@ start, judged by the task's hidden tests.
    no agent touched), after the run's own sandbox was stopped: nothing the agent left running
    reaches it.
 3. The hidden tests (never in the task the agent gets, never in any workspace) run there with
-   the unit-test judge (cadence/rewards/unit_tests_harness.py): the repository's code runs as user
+   the unit-test judge (cadence/rewards/judge/): the repository's code runs as user
    code in a worker per test that answers the judge's questions; the judge compares, at another
    uid. The worker imports the repository from /workspace with `-I -S` (no site, no `.pth`, no
    `sitecustomize`), starts from the judge's own interpreter path (no PATH lookup), and the judge's
