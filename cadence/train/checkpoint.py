@@ -74,11 +74,11 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     files: dict[str, str] | None = None,
-    write_shards: Callable[[Path], None] | None = None,
+    save_trainer: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `step_N` atomically: weights, tokenizer, `state` as `trainer_state.pt` (a run's:
-    `RunState.to_dict()`), text `files`, and (data-parallel runs) what `write_shards(folder)`
-    writes: the ranks' DCP shards."""
+    `RunState.to_dict()`), text `files`, and what `save_trainer(folder)` writes (`Trainer.save`:
+    a data-parallel trainer's DCP shards)."""
     final = checkpoint_dir(run_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -88,8 +88,8 @@ def save_checkpoint(
     torch.save(state, tmp / STATE_FILE)
     for name, text in (files or {}).items():
         (tmp / name).write_text(text)
-    if write_shards is not None:
-        write_shards(tmp)
+    if save_trainer is not None:
+        save_trainer(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for _, old in list_checkpoints(run_dir)[:-keep]:

@@ -32,7 +32,7 @@ class Checkpointer:
         run.capture(trainer, workers)
         return save_checkpoint(
             self.run_dir, run.step, trainer.model, self.tokenizer, run.to_dict(), keep=self.cfg.keep,
-            files={CONFIG_FILE: self.config_text}, write_shards=trainer.save,
+            files={CONFIG_FILE: self.config_text}, save_trainer=trainer.save,
         )
 
     def latest(self) -> Path | None:
