@@ -43,18 +43,24 @@ def client(kind: str, urls: list[str], service: Service):
     return sb
 
 
-def caller(kind: str):
+@pytest.fixture(params=["sync", "async"])
+def kind(request):
+    return request.param
+
+
+@pytest.fixture
+def call(kind):
     """Calls a client's method and returns its result, awaited on one loop for the async one."""
     loop = asyncio.new_event_loop()
 
-    def call(method, *args, **kw):
+    def run(method, *args, **kw):
         result = method(*args, **kw)
         return loop.run_until_complete(result) if kind == "async" else result
-    return call
+    yield run
+    loop.close()
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_safe_calls_are_retried_and_the_rest_fail_at_once(kind):
+def test_safe_calls_are_retried_and_the_rest_fail_at_once(kind, call):
     host = f"s{next(HOSTS)}.test"
     box = "/v1/sandboxes/b1"
     lost = httpx.ReadError("connection dropped")
@@ -66,7 +72,7 @@ def test_safe_calls_are_retried_and_the_rest_fail_at_once(kind):
         ("POST", f"{box}/files"): [lost],
         ("DELETE", box): [(404, {"detail": "no sandbox 'b1'"})],
     })
-    sb, call = client(kind, [f"http://{host}"], service), caller(kind)
+    sb = client(kind, [f"http://{host}"], service)
     call(sb.start)
     assert call(sb.status).id == "b1"  # 503, 502, then 200: a read is retried
     with pytest.raises(SandboxDied, match="POST /v1/sandboxes/b1/exec: 503 sandbox died"):
@@ -84,26 +90,24 @@ def test_safe_calls_are_retried_and_the_rest_fail_at_once(kind):
         "POST /v1/sandboxes/b1/files", "DELETE /v1/sandboxes/b1"]
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_new_sandbox_goes_to_the_least_loaded_service_that_answers(kind):
+def test_a_new_sandbox_goes_to_the_least_loaded_service_that_answers(kind, call):
     busy, idle, dead = (f"s{next(HOSTS)}.test" for _ in range(3))
     service = Service({
         ("GET", "/v1/health"): [(200, {"counts": {"busy": 3}}), httpx.ConnectError("refused"),
                                 (200, {"counts": {"busy": 1}})],  # asked in order: busy, dead, idle
         ("POST", "/v1/sandboxes"): [(429, {"detail": "pool full"}), (200, info("b2"))],
     })
-    sb, call = client(kind, [f"http://{busy}", f"http://{dead}", f"http://{idle}"], service), caller(kind)
+    sb = client(kind, [f"http://{busy}", f"http://{dead}", f"http://{idle}"], service)
     call(sb.start)
     assert (sb.url, sb.id) == (f"http://{busy}", "b2")  # the idle one was full (429): the next one
     assert service.log == [f"{busy} GET /v1/health", f"{dead} GET /v1/health", f"{idle} GET /v1/health",
                            f"{idle} POST /v1/sandboxes", f"{busy} POST /v1/sandboxes"]
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_service_never_reached_fails_at_once_in_one_line(kind):
+def test_a_service_never_reached_fails_at_once_in_one_line(kind, call):
     host = f"s{next(HOSTS)}.test"
     service = Service({("POST", "/v1/sandboxes"): [httpx.ConnectError("refused")]})
-    sb, call = client(kind, [f"http://{host}"], service), caller(kind)
+    sb = client(kind, [f"http://{host}"], service)
     with pytest.raises(ServiceUnreachable) as raised:
         call(sb.start)
     assert str(raised.value) == (f"cannot reach the sandbox service at http://{host} (ConnectError); "
