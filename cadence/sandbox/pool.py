@@ -367,7 +367,12 @@ class Pool:
             self._set(slot, "dead", "replacement failed to start")
             return
         with self._lock:
-            slot.box, slot.cpu_at_start, slot.cpu_at_end = box, None, 0.0
+            released = self._slots.get(slot.id) is not slot  # released (or the pool closed) meanwhile
+            if not released:
+                slot.box, slot.cpu_at_start, slot.cpu_at_end = box, None, 0.0
+        if released:  # nothing would ever stop it
+            box.stop()
+            return
         self._set(slot, "busy", f"replaced (cause: {reason})")
 
     def _fill(self) -> None:
