@@ -41,6 +41,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,8 @@ OPENING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("open
 class Faults:
     """The faults injected, by kind, and the sandboxes each role holds now (targets)."""
 
-    def __init__(self, seed: int, spare_every: int, base_every: int) -> None:
-        self.rng = random.Random(seed)
+    def __init__(self, seed: int, spare_every: int, base_every: int, kinds: tuple[str, ...] = INJECTED) -> None:
+        self.rng, self.kinds = random.Random(seed), kinds
         self.every = {"copy": spare_every, "base": base_every}
         self.injected: collections.Counter[str] = collections.Counter()
         self.acquired: collections.Counter[str] = collections.Counter()
@@ -121,8 +122,8 @@ class Faults:
         turn = 0
         while most is None or sum(self.injected.values()) < most:
             await asyncio.sleep(period_s)
-            for step in range(len(INJECTED)):
-                kind = INJECTED[(turn + step) % len(INJECTED)]
+            for step in range(len(self.kinds)):
+                kind = self.kinds[(turn + step) % len(self.kinds)]
                 if sandboxes.pool is not None and await self.inject(sandboxes, kind):
                     turn += step + 1
                     break
@@ -260,9 +261,23 @@ def left_behind(ids: set[str]) -> dict[str, list]:
     return {"bwrap_processes": bwrap, "cgroups": cgroups, "temp_folders": temp}
 
 
-async def play_all(runs: int, group_size: int, groups_at_once: int, period_s: float, spare_every: int, base_every: int,
-                   most_faults: int | None, think_s: float, tasks: int, seed: int, folder: Path) -> dict:
-    """`runs` trained runs (whole groups) with faults injected; the counts (module docstring)."""
+@dataclass
+class Plan:
+    runs: int = 200  # runs to train (whole groups)
+    group_size: int = 4
+    groups_at_once: int = 4
+    period_s: float = 1.0  # between faults injected by the driver
+    kinds: tuple[str, ...] = INJECTED  # what the driver injects, in turn
+    most_faults: int | None = None  # the driver stops after this many faults in all
+    spare_every: int = 10  # every k-th spare taken for a copy killed before the copy (0: never)
+    base_every: int = 6  # every k-th group's sandbox killed before its preparation (0: never)
+    think_s: float = 0.5  # each run's command sleeps this long
+    tasks: int = 4
+    seed: int = 0
+
+
+async def play_all(plan: Plan, folder: Path) -> dict:
+    """`plan.runs` trained runs (whole groups) with faults injected; the counts (module docstring)."""
     import torch
 
     from cadence.agents import AgentEndpoint
@@ -273,26 +288,27 @@ async def play_all(runs: int, group_size: int, groups_at_once: int, period_s: fl
 
     torch.set_num_threads(1)
     tok = load_tokenizer("builtin:calc")
-    hub = InferenceHub([EmbeddedEngine(load_policy("builtin:calc").eval(), tok, max_batch_size=32, seed=seed)])
+    hub = InferenceHub([EmbeddedEngine(load_policy("builtin:calc").eval(), tok, max_batch_size=32, seed=plan.seed)])
     rows = [{"prompt": "add(a, b) should return the sum; fix calc.py", "instance_id": f"calc-{i}",
              "repo": str(make_repo(folder / f"repo{i}")), "tests": HIDDEN, "test_setup": "from calc import add"}
-            for i in range(tasks)]
-    faults, wrong_start = Faults(seed, spare_every, base_every), []
-    sandboxes = WatchedSandboxes(TaskSandboxConfig(warm=group_size * groups_at_once, http=False), faults)
-    producer = AgentProducer(AgentEndpoint(hub, tok), make_agent(faults, wrong_start, think_s), rows, group_size,
+            for i in range(plan.tasks)]
+    faults, wrong_start = Faults(plan.seed, plan.spare_every, plan.base_every, plan.kinds), []
+    group_size = plan.group_size
+    sandboxes = WatchedSandboxes(TaskSandboxConfig(warm=group_size * plan.groups_at_once, http=False), faults)
+    producer = AgentProducer(AgentEndpoint(hub, tok), make_agent(faults, wrong_start, plan.think_s), rows, group_size,
                              sandboxes=sandboxes, grader=WatchedGrader(GraderConfig(), faults), timeout_s=120.0)
-    groups_wanted = -(-runs // group_size)
+    groups_wanted = -(-plan.runs // group_size)
     trained: list = []
     played = dropped = 0
 
     async def drive() -> dict:
         nonlocal played, dropped
-        injector = asyncio.ensure_future(faults.drive(sandboxes, period_s, most_faults))
+        injector = asyncio.ensure_future(faults.drive(sandboxes, plan.period_s, plan.most_faults))
         running: set[asyncio.Future] = set()
         try:
             while len(trained) < groups_wanted:
-                while len(running) < groups_at_once and len(trained) + len(running) < groups_wanted:
-                    running.add(asyncio.ensure_future(producer.play(producer.next_key(), played)))
+                while len(running) < plan.groups_at_once and len(trained) + len(running) < groups_wanted:
+                    running.add(asyncio.ensure_future(producer.play(played, played)))  # key: a task's index
                     played += 1
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for group in done:
@@ -311,7 +327,8 @@ async def play_all(runs: int, group_size: int, groups_at_once: int, period_s: fl
     try:
         end = await hub.serving(drive())
     finally:
-        await producer.cancel()
+        await producer.endpoint.stop()
+        await sandboxes.close()
     leftover = left_behind(faults.ids)
     for _ in range(50):  # a stop still reaping its processes
         if not any(leftover.values()):
@@ -355,23 +372,17 @@ def table(result: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=200, help="runs to train (whole groups)")
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--groups-at-once", type=int, default=4)
-    p.add_argument("--period-s", type=float, default=1.0, help="between faults injected by the driver")
-    p.add_argument("--spare-every", type=int, default=10, help="kill every k-th run spare before its copy (0: never)")
-    p.add_argument("--base-every", type=int, default=6, help="kill every k-th group's sandbox before its "
-                   "workspace is prepared (0: never)")
-    p.add_argument("--think-s", type=float, default=0.5, help="each run's command sleeps this long")
-    p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    plan = Plan()
+    for name, value in vars(plan).items():
+        if isinstance(value, (int, float)) and name != "most_faults":
+            p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     p.add_argument("--out", default="docs/results/task_sandbox_faults.json")
     args = p.parse_args()
+    plan = Plan(**{k: v for k, v in vars(args).items() if k != "out"})
     load_before = os.getloadavg()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        result = asyncio.run(play_all(args.runs, args.group_size, args.groups_at_once, args.period_s,
-                                      args.spare_every, args.base_every, None, args.think_s, args.tasks, args.seed, Path(tmp)))
+        result = asyncio.run(play_all(plan, Path(tmp)))
     result.update({"wall_s": round(time.monotonic() - t0, 1), "load_before": [round(x, 1) for x in load_before],
                    "load_after": [round(x, 1) for x in os.getloadavg()], "cpus": os.cpu_count(),
                    "command": "python benchmarks/task_sandbox_faults.py " + " ".join(sys.argv[1:])})
@@ -379,9 +390,13 @@ def main() -> None:
     print(table(result))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    ok = (result["runs_unaccounted"] == 0 and result["trained_runs_not_scored_1"] == 0
-          and result["sandboxes_leaked"] == 0)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if lost_nothing(result) else 1)
+
+
+def lost_nothing(result: dict) -> bool:
+    """Every run accounted for and scored right, nothing left behind."""
+    return (result["runs_unaccounted"] == 0 and result["trained_runs_not_scored_1"] == 0
+            and result["sandboxes_leaked"] == 0)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ Reward: with report = {passed, total, error}
     python:module:function   function(report) -> float
 
 A test out of time, a judge killed by a limit, changes over `max_changes_mb` or a workspace that
-cannot be applied all score 0.0 (report["error"] says why).
+cannot be applied all score 0.0 (report["error"] says why). A grading whose sandbox dies under the
+judge (killed, replaced: no verdict, through no fault of the run) runs again in a fresh copy, and
+raises SandboxDied when that one dies too, so the run is lost and replayed rather than scored.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ from cadence.python_spec import load_python_object
 from cadence.rewards.unit_tests import passed_tests
 from cadence.sandbox import workspace
 from cadence.sandbox.isolation import WORKSPACE
-from cadence.sandbox.models import ExecRequest, ExecResult
+from cadence.sandbox.models import ExecRequest, ExecResult, SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool
 
+GRADE_TRIES = 2  # fresh copies for one grading whose sandbox died under the judge (not the code's doing:
+# a limit the code hit is a result, the sandbox lives on)
 # The judge's imports never come from the workspace (a `select.py` there would run in the judge).
 JUDGE_PATH = "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', '.', '/workspace')]\n"
 # The worker's: the repository first.
@@ -134,7 +138,7 @@ class Grader:
         self.cfg = cfg
         self.scoring = None if cfg.scoring in ("fraction", "all") else load_python_object(
             cfg.scoring, f"agent.grader.scoring {cfg.scoring!r}", kind="function")
-        self.counts = {"graded": 0, "errors": 0}
+        self.counts = {"graded": 0, "errors": 0, "regraded": 0}
 
     def hidden(self) -> tuple[str, ...]:
         """The row fields the agent must not see."""
@@ -155,15 +159,23 @@ class Grader:
         if changes.size > self.cfg.max_changes_mb * (1 << 20):
             report["error"] = f"changes of {changes.size >> 20} MiB, over agent.grader.max_changes_mb"
             return report
-        sandbox_id = await group.fork()
-        try:
-            report["passed"] = await asyncio.to_thread(self._judge, group.pool, sandbox_id, row, tests, changes)
-        except Exception as exc:  # the judge was killed, the changes could not be applied: nothing counts
-            self.counts["errors"] += 1
-            report["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        finally:
-            await group.sandboxes.release(sandbox_id)
-        return report
+        for tries in range(1, GRADE_TRIES + 1):
+            sandbox_id = await group.fork()
+            generation = group.pool.get(sandbox_id).generation
+            try:
+                report["passed"] = await asyncio.to_thread(self._judge, group.pool, sandbox_id, row, tests, changes)
+                return report
+            except Exception as exc:
+                if not _died(group.pool, sandbox_id, generation):  # a limit, changes that do not apply: 0.0
+                    self.counts["errors"] += 1
+                    report["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    return report
+                if tries == GRADE_TRIES:  # no verdict: the run is lost (and replayed), not scored 0
+                    raise SandboxDied(f"the grading sandbox died under the judge {tries} times: {exc}") from exc
+                self.counts["regraded"] += 1
+            finally:
+                await group.sandboxes.release(sandbox_id)
+        raise AssertionError("unreachable")
 
     def _judge(self, pool: Pool, sandbox_id: str, row: dict, tests: list[str], changes: Changes) -> int:
         if changes.deleted:
@@ -183,6 +195,14 @@ class Grader:
         if self.cfg.scoring == "all":
             return float(report["passed"] == report["total"])
         return report["passed"] / report["total"]
+
+
+def _died(pool: Pool, sandbox_id: str, generation: int) -> bool:
+    """Whether the sandbox is gone or replaced since `generation` (what it held is lost)."""
+    try:
+        return pool.get(sandbox_id).generation != generation or not pool.box(sandbox_id).alive
+    except SandboxError:  # reaped meanwhile
+        return True
 
 
 class _Judged:

@@ -289,13 +289,22 @@ class AgentProducer:
     async def _in_sandbox(self, row: dict, label: int | str, group: TaskGroup,
                           canary: bool) -> tuple[float, Trajectory]:
         hidden = self.grader.hidden() if self.grader is not None else ()
-        async with group.run() as sandbox:
-            returned, trajectory = await self._play(sandbox.task(row, hidden), label)
-            try:
-                after = await sandbox.snapshot() if self.grader is not None else None
-            except SandboxError as exc:  # its sandbox died under it: lost (and replayed), not scored 0
-                self._lost(RunFailure("raised", f"task sandbox: {exc}"), label, played=True)
-                raise AgentLost(f"task sandbox: {exc}") from exc
+        entered = False
+        try:
+            async with group.run() as sandbox:
+                entered = True
+                returned, trajectory = await self._play(sandbox.task(row, hidden), label)
+                try:
+                    after = await sandbox.snapshot() if self.grader is not None else None
+                except SandboxError as exc:  # its sandbox died under it: lost (and replayed), not scored 0
+                    self._lost(RunFailure("raised", f"task sandbox: {exc}"), label, played=True)
+                    raise AgentLost(f"task sandbox: {exc}") from exc
+        except SandboxError as exc:
+            if entered:  # the agent's own call failed: counted by _play
+                raise
+            # No sandbox with the task's workspace could be had (its spares died): lost and replayed too.
+            self._lost(RunFailure("raised", f"task sandbox: {exc}"), label)
+            raise AgentLost(f"task sandbox: {exc}") from exc
         if self.grader is None or after is None:
             return returned, trajectory
         # Graded after the run's sandbox is gone: nothing it left running reaches the grading.
