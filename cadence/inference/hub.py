@@ -93,9 +93,6 @@ class InferenceHub:
         self._new_weights: tuple[dict[str, Tensor], int] | None = None
         self._work: asyncio.Event | None = None  # set when something arrives for an idle serve()
         self._work_loop: asyncio.AbstractEventLoop | None = None
-        self.requests = 0
-        self.aborted = 0
-        self.failed = 0  # requests failed by an engine's exception
 
     # -- what callers use ---------------------------------------------------
     @property
@@ -115,7 +112,6 @@ class InferenceHub:
         self._where[req.request_id] = replica
         replica.owned.add(req.request_id)
         replica.to_add.append(req)
-        self.requests += 1
         self._wake()
         return future
 
@@ -283,14 +279,11 @@ class InferenceHub:
 
     def _resolve(self, result: GenResult) -> None:
         future = self._settle(result.request_id)
-        if result.finish_reason == "abort":
-            self.aborted += 1
         if future is not None and not future.done():
             future.set_result(result)
 
     def _fail(self, request_id: str, error: EngineFailed) -> None:
         future = self._settle(request_id)
-        self.failed += 1
         if future is not None and not future.done():
             future.set_exception(error)
 

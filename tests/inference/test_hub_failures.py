@@ -61,7 +61,7 @@ def test_a_step_that_raises_fails_its_requests_and_the_hub_serves_on(parallel, c
     assert isinstance(poisoned[1], EngineFailed) or poisoned[1].finish_reason in ("stop", "length")
     assert isinstance(refused[0], EngineFailed) and "a prompt of padding" in str(refused[0])
     assert later.finish_reason in ("stop", "length") and later.token_ids
-    assert hub.failed >= 2 and in_flight(hub) == [0] * len(engines)
+    assert in_flight(hub) == [0] * len(engines)
     assert "failed a step" in caplog.text and "refused request pad" in caplog.text
 
 
