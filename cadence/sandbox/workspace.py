@@ -245,14 +245,15 @@ class Entry(NamedTuple):
     kind: str  # "file", "link" or "folder"
     mode: int
     mtime: int
-    data: bytes = b""
+    data: bytes | memoryview = b""
     link: str = ""
 
 
 def entries_of(tar: bytes) -> list[Entry]:
     """A `snapshot` tar's entries, read once (a group restores the same state into each of its runs'
-    sandboxes); names that could leave the workspace are refused here (SandboxError)."""
-    out = []
+    sandboxes); names that could leave the workspace are refused here (SandboxError). A file's
+    data is a view into `tar` (the state is not held twice), a sparse member's a copy."""
+    out, whole = [], memoryview(tar)
     with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as members:
         for m in members:
             try:
@@ -261,7 +262,8 @@ def entries_of(tar: bytes) -> list[Entry]:
                 raise SandboxError(f"restore: {e}") from e
             mode, mtime = m.mode & 0o1777, int(m.mtime)  # no setuid/setgid
             if parts and m.isreg():
-                out.append(Entry(parts, "file", mode, mtime, data=members.extractfile(m).read()))
+                data = members.extractfile(m).read() if m.issparse() else whole[m.offset_data:m.offset_data + m.size]
+                out.append(Entry(parts, "file", mode, mtime, data=data))
             elif parts and m.issym():
                 out.append(Entry(parts, "link", mode, mtime, link=m.linkname))
             elif parts and m.isdir():
