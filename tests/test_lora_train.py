@@ -31,9 +31,10 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_lora_trains_with_kl_and_async_resumes_and_exports(tmp_path):
+def test_lora_trains_with_kl_async_and_asyppo_critics_resumes_and_exports(tmp_path):
+    """One run checks it all (a train is most of the time): AsyPPO's critics train beside the adapters."""
     run = tmp_path / "run"
-    args = [*RUN, f"logging.run_dir={run}", "algorithm.kl.coef=0.05", "rollout.async_ratio=1"]
+    args = [*RUN, f"logging.run_dir={run}", "algorithm.kl.coef=0.05", "rollout.async_ratio=1", "algorithm.name=asyppo"]
     cadence("train", *args, "trainer.steps=2")
     step_2 = run / "checkpoints" / "step_2"
     assert (step_2 / "adapter_config.json").is_file() and not (step_2 / "model.safetensors").exists()
@@ -43,6 +44,7 @@ def test_lora_trains_with_kl_and_async_resumes_and_exports(tmp_path):
     assert any(p.abs().max() > 0 for p in lora_b)  # the adapters trained (B starts at zero)
     first = metrics(run)
     assert [r["step"] for r in first] == [1, 2] and first[1]["train/kl_ref"] > 0
+    assert "critic/value_loss_1" in first[1] and first[1]["train/grad_norm"] > 0
 
     cadence("train", *args, "trainer.steps=3", "--resume", "--allow-change", "trainer.steps")
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
@@ -57,9 +59,3 @@ def test_lora_trains_with_kl_and_async_resumes_and_exports(tmp_path):
     out = cadence("eval", str(run / "checkpoints" / "step_3"), "task.test_size=8", "logging.progress=false")
     assert "pass@1" in out
 
-
-def test_lora_with_asyppo_critics(tmp_path):
-    run = tmp_path / "run"
-    cadence("train", *RUN, f"logging.run_dir={run}", "trainer.steps=2", "algorithm.name=asyppo")
-    record = metrics(run)[-1]
-    assert "critic/value_loss_1" in record and record["train/grad_norm"] > 0
