@@ -21,6 +21,7 @@ from tests.quick_run import QUICK_RUN
 ROOT = Path(__file__).parents[2]
 DOC = ROOT / "docs" / "migrate.md"
 SMALL = [*QUICK_RUN, "trainer.steps=2", "model.path=builtin:calc", "rollout.max_new_tokens=8",
+         "rollout.prompts_per_step=2", "rollout.group_size=2",
          "rollout.engine.backend=embedded", "trainer.mini_batches=1"]
 
 
