@@ -68,9 +68,11 @@ def stopped(box: LocalSandbox) -> Iterator[None]:
     """Every process of the sandbox frozen meanwhile, and thawed after; its calls wait (the
     sandbox's lock). The cgroup freezer where the sandbox has one; SIGSTOP otherwise."""
     with box._lock:
-        cgroup = box.cgroup
+        proc, cgroup = box.proc, box.cgroup  # once: a stop() from another thread sets both to None
+        if proc is None:
+            raise SandboxError(f"sandbox {box.id} is not running")
         if cgroup is None or not cgroup.can_freeze():
-            with _sigstopped(box):
+            with _sigstopped(proc.pid):
                 yield
             return
         try:
@@ -84,13 +86,14 @@ def stopped(box: LocalSandbox) -> Iterator[None]:
 
 
 @contextmanager
-def _sigstopped(box: LocalSandbox) -> Iterator[None]:
-    """SIGSTOP to every process of the sandbox, SIGCONT after. Code inside can defeat it (a timer
-    sending itself SIGCONT), so it only narrows the window: fdtree's walking is what holds."""
+def _sigstopped(root_pid: int) -> Iterator[None]:
+    """SIGSTOP to every process of the sandbox (`root_pid` and its descendants), SIGCONT after. Code
+    inside can defeat it (a timer sending itself SIGCONT), so it only narrows the window: fdtree's
+    walking is what holds."""
     seen: set[int] = set()
     try:
         while True:  # again until no new process appears (one may be forking)
-            todo, new = [box.proc.pid], []
+            todo, new = [root_pid], []
             while todo:
                 pid = todo.pop()
                 todo += _children(pid)

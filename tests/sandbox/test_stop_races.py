@@ -1,6 +1,8 @@
-"""A leased sandbox released while the pool starts its replacement: the replacement is stopped,
-not left running with no slot to reach it (the agent fault benchmark found 4 such bwrap
-processes, and their cgroups, after 48 runs)."""
+"""Sandboxes stopped while the host works on them (found by benchmarks/task_sandbox_faults.py):
+a leased sandbox released while the pool starts its replacement has the replacement stopped, not
+left running with no slot to reach it (4 such bwrap processes, and their cgroups, after 48 runs);
+a workspace read of a sandbox stopped from another thread is a SandboxError (it was an
+AttributeError, which lost the agent run without counting it: 10 of 64 runs)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import os
 import signal
 import threading
 
+import pytest
+
+from cadence.sandbox import LocalSandbox, workspace
+from cadence.sandbox.models import SandboxError
 from cadence.sandbox.pool import Pool, PoolConfig
 from tests.sandbox.conftest import needs_bwrap
 
@@ -43,3 +49,10 @@ def test_a_release_while_the_replacement_starts_stops_the_replacement():
         pool.close()
     for box in started:
         box.stop()
+
+
+def test_a_snapshot_of_a_sandbox_stopped_meanwhile_is_a_sandbox_error():
+    box = LocalSandbox().start()
+    box.stop()  # as a reaper or a replacement does, from another thread
+    with pytest.raises(SandboxError, match="not running"):
+        workspace.snapshot(box)
