@@ -352,6 +352,7 @@ async def play_all(plan: Plan, folder: Path) -> dict:
         "run_attempts": attempts, "runs_unaccounted": attempts - accounted,
         "trained_runs_not_scored_1": sum(s.reward != 1.0 for s in samples),
         "grading_errors": int(end["metrics"].get("agent/grader_errors_total", 0)),
+        "gradings_run_again": int(end["metrics"].get("agent/grader_regraded_total", 0)),
         "runs_started_from_a_wrong_workspace": len(wrong_start),
         "sandboxes_leaked": end["leases"]["leased_by_producer"] + end["leases"]["pool_leases"]
         + len(leftover["bwrap_processes"]) + len(leaked_ids) + len(leftover["temp_folders"]),
@@ -363,10 +364,10 @@ def table(result: dict) -> str:
     rows = ["| fault | injected |", "|---|---|"]
     rows += [f"| {k} | {result['faults_injected'].get(k, 0)} |" for k in (*INJECTED, SPARE, BASE_AT_START)]
     rows += ["", "| runs trained | replayed | lost, not replayed | unaccounted | trained, not scored 1.0 "
-             "| groups dropped (played again) | sandboxes leaked |", "|---|---|---|---|---|---|---|",
+             "| gradings run again | groups dropped (played again) | sandboxes leaked |", "|---|---|---|---|---|---|---|---|",
              f"| {result['runs_trained']} | {result['runs_replayed']} | {result['runs_lost_not_replayed']} "
-             f"| {result['runs_unaccounted']} | {result['trained_runs_not_scored_1']} | {result['groups_dropped']} "
-             f"| {result['sandboxes_leaked']} |"]
+             f"| {result['runs_unaccounted']} | {result['trained_runs_not_scored_1']} | {result['gradings_run_again']} "
+             f"| {result['groups_dropped']} | {result['sandboxes_leaked']} |"]
     return "\n".join(rows)
 
 
