@@ -72,36 +72,32 @@ def test_an_explicit_name_or_fixed_folder_is_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_twice_then_resume_the_latest(tmp_path, monkeypatch):
-    """The README's order: one `cadence train` after another runs, and `--resume` continues the last."""
+def test_train_twice_then_resume_the_latest_showing_only_the_training_bar(tmp_path, monkeypatch):
+    """The README's order: one `cadence train` after another runs, and `--resume` continues the last.
+    No transformers weight-loading or shard-writing bar interleaves with the training bar."""
     monkeypatch.chdir(tmp_path)
-    run = ["train", *QUICK_RUN, "trainer.steps=1"]
-    for _ in range(2):
-        result = CliRunner().invoke(app, run)
-        assert result.exit_code == 0, result.output
-        time.sleep(1.1)  # distinct start times, so "latest" is well defined
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as a user's process has them before cadence turns them off
+    run = ["train", *QUICK_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "trainer.steps=1"]
+    try:
+        outputs = []
+        for _ in range(2):
+            result = CliRunner().invoke(app, run)
+            assert result.exit_code == 0, result.output
+            outputs.append(result.output)
+            time.sleep(1.1)  # distinct start times, so "latest" is well defined
+            hf_logging.enable_progress_bar()
+    finally:
+        hf_logging.enable_progress_bar()
+    assert not any("Loading weights" in out or "Writing model shards" in out for out in outputs), outputs
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2 and all((r / "checkpoints" / "step_1").is_dir() for r in runs)
     result = CliRunner().invoke(app, [*run[:-1], "trainer.steps=2", "--resume", "--allow-change", "trainer.steps"])
     assert result.exit_code == 0, result.output
     assert f"resuming the latest run: {runs[-1].relative_to(tmp_path)}" in result.output
     assert (runs[-1] / "checkpoints" / "step_2").is_dir() and not (runs[0] / "checkpoints" / "step_2").exists()
-
-
-@pytest.mark.slow
-def test_train_shows_no_weight_loading_or_shard_writing_bars(tmp_path, monkeypatch):
-    """Only the training bar: transformers' bars interleaved with it."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.enable_progress_bar()
-    try:
-        result = CliRunner().invoke(app, ["train", *QUICK_RUN, "trainer.steps=1"])
-    finally:
-        hf_logging.enable_progress_bar()
-    assert result.exit_code == 0, result.output
-    assert "Loading weights" not in result.output and "Writing model shards" not in result.output, result.output
 
 
 def test_resuming_a_fixed_run_folder_keeps_the_name_it_started_with(tmp_path):
