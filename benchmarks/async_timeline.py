@@ -79,11 +79,13 @@ def install_group_probe() -> None:
 
     wrap(EmbeddedEngine, "add_request", lambda e, req: None,
          lambda e, _, t0, r, req: log(e="add", t=t0, id=req.request_id))
-    wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting)),
-         lambda e, seen, t0, done: log(e="step", t0=t0, t1=time.time(), running=seen[0], waiting=seen[1],
-                                       done=[r.request_id for r in done]))
-    wrap(EmbeddedEngine, "update_weights", lambda e, sd, version: None,
-         lambda e, _, t0, r, sd, version: log(e="swap", t0=t0, t1=time.time(), version=version))
+    # cpu: the thread's CPU seconds in the call; against t1 - t0 it separates work from waiting for a core.
+    wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting), time.thread_time()),
+         lambda e, seen, t0, done: log(e="step", t0=t0, t1=time.time(), cpu=time.thread_time() - seen[2],
+                                       running=seen[0], waiting=seen[1], done=[r.request_id for r in done]))
+    wrap(EmbeddedEngine, "update_weights", lambda e, sd, version: time.thread_time(),
+         lambda e, cpu0, t0, r, sd, version: log(e="swap", t0=t0, t1=time.time(), cpu=time.thread_time() - cpu0,
+                                                  version=version))
     wrap(SampleBuffer, "put", lambda b, g: None,
          lambda b, _, t0, r, g: log(e="put", t=t0, group=g.group_id, version=g.version))
     wrap(SampleBuffer, "evict_stale", lambda b, v: [g.group_id for g in b._groups],
@@ -144,6 +146,7 @@ def run_steps(run: Path, warmup: int) -> list[dict]:
 GROUP_FIELDS = (
     "engine_step_share", "engine_swap_share", "engine_gap_share", "engine_rows_mean", "engine_waiting_mean",
     "swaps", "swap_s", "push_to_swap_s", "answer_to_buffer_ms", "group_add_to_buffer_s",
+    "engine_cpu_per_step_ms", "engine_cpu_share",
 )
 
 
@@ -155,8 +158,8 @@ def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
     if not steps:
         return {}
     span = t1 - t0
-    step_s = sum(r["t1"] - r["t0"] for r in steps)
-    swap_s = sum(r["t1"] - r["t0"] for r in swaps)
+    step_s = sum(min(r["t1"], t1) - r["t0"] for r in steps)
+    swap_s = sum(min(r["t1"], t1) - r["t0"] for r in swaps)
     # The trainer's pushes: the end of each of its weight_sync spans; each swap follows the latest one.
     pushes = sorted(s["t1"] for s in read_jsonl(run / "events" / "trainer.jsonl") if s.get("state") == "weight_sync")
     delays = [w["t0"] - max((p for p in pushes if p <= w["t0"]), default=w["t0"]) for w in swaps]
@@ -179,6 +182,8 @@ def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
         "push_to_swap_s": statistics.median(delays) if delays else float("nan"),
         "answer_to_buffer_ms": 1e3 * statistics.median(to_buffer) if to_buffer else float("nan"),
         "group_add_to_buffer_s": statistics.median(add_to_buffer) if add_to_buffer else float("nan"),
+        **({"engine_cpu_per_step_ms": 1e3 * sum(r["cpu"] for r in steps) / len(steps),
+            "engine_cpu_share": sum(r["cpu"] for r in steps) / step_s} if all("cpu" in r for r in steps) else {}),
     }
 
 
