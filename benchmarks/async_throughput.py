@@ -194,7 +194,7 @@ def batch_generation(engine_kind: str, static_batching: bool, replicate: bool, s
     )
 
     async def one_batch() -> None:
-        plays = [producer.play(producer.next_key(), gid) for gid in range(cfg.rollout.prompts_per_step)]
+        plays = [producer.play(gid, gid) for gid in range(cfg.rollout.prompts_per_step)]  # key: a stream position
         await hub.serving(asyncio.gather(*plays))
 
     began = engine.clock() if engine_kind == "mock" else time.perf_counter()

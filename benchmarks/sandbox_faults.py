@@ -109,7 +109,7 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
     finished: list = []
 
     async def play(gid: int) -> None:
-        group = await rollout.play(rollout.next_key(), gid)
+        group = await rollout.play(gid, gid)
         if group is not None:
             finished.append(group)
             progress[0] = len(finished) * group_size
@@ -127,7 +127,7 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
                 await asyncio.sleep(0)  # the group opens: its episodes count as in flight
             await asyncio.gather(*running)
         finally:
-            await rollout.cancel()
+            await rollout.stop()
             stop.set()
             await server
 

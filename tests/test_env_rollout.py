@@ -75,10 +75,10 @@ async def _collect(hub, rollout, groups: int, deadline_s: float = 20.0) -> list:
     server = asyncio.create_task(hub.serve(stop))
     try:
         async with asyncio.timeout(deadline_s):
-            played = await asyncio.gather(*(rollout.play(rollout.next_key(), gid) for gid in range(groups)))
+            played = await asyncio.gather(*(rollout.play(gid, gid) for gid in range(groups)))
         return [g for g in played if g is not None]
     finally:
-        await rollout.cancel()
+        await rollout.stop()
         stop.set()
         await server
 
@@ -206,7 +206,7 @@ class AnswersAsCancelled(EnvRollout):
         self.runners: list[EnvRunner] = []
         self.cancelled: list[asyncio.Task] = []
 
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         if self.open:  # the worker's stop (close cancels again, with nothing left)
             answered = []
             for runner in self.runners:
@@ -217,7 +217,7 @@ class AnswersAsCancelled(EnvRollout):
             StepsOnCue.cue.set()
             assert answered and all(done.wait(30) for done in answered)
             self.cancelled = [t for g in self.open.values() for t in g.plays]
-        await super().cancel()
+        await super().stop()
 
 
 def test_stopping_a_worker_cancels_episodes_whose_environment_answers_at_that_moment(caplog):

@@ -62,9 +62,9 @@ async def _collect(rollout, groups: int) -> list:
     server = asyncio.create_task(rollout.hub.serve(stop))
     try:
         async with asyncio.timeout(30):
-            return list(await asyncio.gather(*(rollout.play(rollout.next_key(), gid) for gid in range(groups))))
+            return list(await asyncio.gather(*(rollout.play(gid, gid) for gid in range(groups))))
     finally:
-        await rollout.cancel()
+        await rollout.stop()
         stop.set()
         await server
 
@@ -164,10 +164,10 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
         rollout = _rollout(EnvRollout, _mock())
         stop = asyncio.Event()
         server = asyncio.create_task(rollout.hub.serve(stop))
-        plays = [asyncio.ensure_future(rollout.play(rollout.next_key(), gid)) for gid in (0, 1)]
+        plays = [asyncio.ensure_future(rollout.play(gid, gid)) for gid in (0, 1)]
         await asyncio.sleep(0)
         rollout.version = 1
-        plays.append(asyncio.ensure_future(rollout.play(rollout.next_key(), 2)))
+        plays.append(asyncio.ensure_future(rollout.play(2, 2)))
         await asyncio.sleep(0)
         stale_tasks = [t for gid in (0, 1) for t in rollout.open[gid].plays]
         closed = rollout.cancel_stale(1)
@@ -175,7 +175,7 @@ def test_cancel_stale_closes_groups_started_under_an_older_policy():
         # Their episodes ended (cancelled, or ended by the cancellation at an environment call).
         open_now = (sorted(rollout.open), all(t.done() for t in stale_tasks), len(stale_tasks))
         assert await plays[0] is None and await plays[1] is None  # their groups will never train
-        await rollout.cancel()
+        await rollout.stop()
         stop.set()
         await server
         return closed, open_now, rollout.stale_cancelled, rollout.failures.groups_dropped
@@ -215,12 +215,12 @@ def test_cancel_stale_closes_a_lockstep_batch_too():
         server = asyncio.create_task(rollout.hub.serve(stop))
         try:
             for gid in (0, 1):
-                asyncio.ensure_future(rollout.play(rollout.next_key(), gid))
+                asyncio.ensure_future(rollout.play(gid, gid))
             await asyncio.sleep(0.01)  # the driver opens the batch
             rollout.version = 1
             return rollout.cancel_stale(1), rollout.stale_cancelled, rollout.failures.groups_dropped
         finally:
-            await rollout.cancel()
+            await rollout.stop()
             stop.set()
             await server
 

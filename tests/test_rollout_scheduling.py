@@ -63,7 +63,7 @@ def _play(producer: RLVRProducer, groups: int) -> list[Group]:
     """Play `groups` groups at once, to completion."""
 
     async def main() -> list[Group]:
-        plays = [producer.play(producer.next_key(), gid) for gid in range(groups)]
+        plays = [producer.play(gid, gid) for gid in range(groups)]
         return await producer.hub.serving(asyncio.gather(*plays))
 
     return asyncio.run(main())
@@ -211,7 +211,7 @@ def _settle(worker: RolloutWorker, most: int) -> None:
     failing as soon as it draws more than `most` prompts in all."""
 
     def idle() -> bool:
-        drawn = worker.producer.stream.cursor
+        drawn = worker.keys.next
         assert drawn <= most, f"{drawn} prompts drawn, at most {most} allowed"
         return not worker._tasks
 
@@ -237,7 +237,7 @@ def test_a_worker_starts_exactly_the_groups_alpha_allows(alpha, mock_worker):
         _settle(worker, most=allowed)
         # Not fewer either: the gate opens by one quota per version, so the engine never idles
         # below the allowance, and what was not trained on yet waits in the buffer.
-        assert worker.producer.stream.cursor == allowed
+        assert worker.keys.next == allowed
         assert len(worker.buffer) == (alpha + 1) * quota
         staleness.append([version - g.version for g in worker.get_batch(version)])
         worker.update_weights({}, version + 1)
@@ -269,7 +269,7 @@ def test_the_data_order_does_not_depend_on_the_run_length(mock_worker):
     orders = []
     for steps in (3, 400):
         worker = mock_worker(alpha=0, steps=steps)
-        orders.append([worker.producer.stream.next().id for _ in range(50)])
+        orders.append([worker.producer.stream.at(i).id for i in range(50)])
     assert orders[0] == orders[1]
 
 
@@ -331,7 +331,7 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     whole = mock_worker(alpha, quota=2)
     first = [p for step in _train(whole, range(3)) for p in step]
     state = whole.state_dict()
-    assert state["prompts"]["skip"] or whole.trained.below == 6, "no group finished out of order"
+    assert state["keys"]["trained_above"] or whole.keys.trained_below == 6, "no group finished out of order"
     resumed = mock_worker(alpha, quota=2)
     resumed.update_weights({}, 3)
     resumed.load_state_dict(state, 3)
@@ -340,17 +340,18 @@ def test_an_asynchronous_resume_trains_every_prompt_once_whatever_order_groups_f
     assert len(set(trained)) == len(trained)  # nothing twice
     # Nothing skipped: every stream position below the final watermark was trained on.
     stream = resumed.producer.stream
-    owed = {stream.prompts[stream._order_for(0)[i]].id for i in range(resumed.trained.below)}
+    owed = {stream.at(i).id for i in range(resumed.keys.trained_below)}
     assert owed <= set(trained)
     # And the keys it counts as trained are the prompts trained, each once. (Not how far the
     # watermark got: a slow group dropped as stale holds it back, by design.)
-    assert resumed.trained.below + len(resumed.trained.above) == len(trained) == 12
+    assert resumed.keys.trained_below + len(resumed.keys.trained_above) == len(trained) == 12
 
 
 class _RecordingProducer:
     """A producer whose groups never finish; it records what the worker tells it."""
 
     needs_running_loop = False
+    first_key = 0
 
     def __init__(self) -> None:
         self.weights: list[tuple[int, int | None]] = []
@@ -361,7 +362,7 @@ class _RecordingProducer:
     def close(self) -> None:
         pass
 
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         pass
 
 

@@ -73,8 +73,8 @@ class FakeWorkers:
     def metrics(self) -> dict[str, float]:
         return {"rollout/reward_errors_total": float(self.scored["errors"])}
 
-    def reward_report(self) -> dict:
-        return self.scored
+    def health(self) -> dict:
+        return {"reward": self.scored}
 
 
 def _checkpointer(run_dir: Path, every: int = 2, keep: int = 5, last: int = 5) -> Checkpointer:

@@ -58,7 +58,6 @@ from cadence.agents.task_sandbox import TaskGroup, TaskSandboxes
 from cadence.agents.trajectory import Trajectory
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.failures import AGENT_RUNS, Failures, OpenGroup, RunFailure, stale
-from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group, Sample
 from cadence.sandbox.models import SandboxError
@@ -120,8 +119,7 @@ class AgentProducer:
         self.timeout_s = timeout_s
         self.max_retries = 2 * group_size if max_retries is None else max_retries
         self.failures = failures or Failures("the agent", AGENT_RUNS, echo=False)
-        self.next = first_key
-        self.skip: set[int] = set()  # keys past `next` already trained on (a resumed run skips them)
+        self.first_key = first_key  # a key is a task's index (modulo the task list)
         self.version = 0
         self.counts: Counter[str] = Counter()  # runs started, samples
         self.lost_per_task = LostPerTask()
@@ -132,12 +130,12 @@ class AgentProducer:
         self._starting: asyncio.Future | None = None
 
     # -- the producer protocol -------------------------------------------------
-    def next_key(self) -> int:
-        while self.next in self.skip:  # trained on before a resume
-            self.skip.discard(self.next)
-            self.next += 1
-        key, self.next = self.next, self.next + 1
-        return key
+    async def start(self) -> None:
+        """Start the endpoint on the loop the hub serves (again after a stop). Every run waits for
+        the start to end: `serving` turns true before the start has read the port it bound."""
+        if self._starting is None or (self._starting.done() and not self.endpoint.serving):
+            self._starting = asyncio.ensure_future(self.endpoint.start())
+        await asyncio.shield(self._starting)
 
     async def play(self, key: int, group_id: int) -> Group | None:
         """Run `group_size` agents on task `key` (modulo the task list); their samples."""
@@ -243,21 +241,12 @@ class AgentProducer:
             out.update(self.canaries.metrics())
         return {**out, **self.endpoint.metrics()}
 
-    def reward_report(self) -> dict:
-        """Rewards come from the agent's return: no reward function to fail."""
-        return {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
+    def health(self) -> dict:
+        """Runs played, lost, retried; groups dropped; the first failure of each kind (rewards come
+        from the agent's return or the grader: no reward function to fail)."""
+        return {"runs": self.failures.health()}
 
-    def state_dict(self, trained: TrainedKeys) -> dict:
-        """Every task not trained on yet is owed: groups in flight, in the buffer or dropped were
-        never trained on, so a resumed run plays their tasks again; trained ones are never replayed."""
-        return {"next_key": trained.below, "skip": sorted(trained.above)}
-
-    def load_state_dict(self, state: dict) -> TrainedKeys:
-        self.next = state["next_key"]
-        self.skip = set(state.get("skip", ()))
-        return TrainedKeys(self.next, self.skip)
-
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         runs = [r for opened in self.open.values() for r in opened.plays]
         for run in runs:
             run.cancel()
@@ -322,11 +311,7 @@ class AgentProducer:
         return reward, trajectory
 
     async def _play(self, task: Any, label: int | str) -> tuple[float, Trajectory]:
-        # Start it here, on the loop the hub serves (once). Every run waits for the start to end:
-        # `serving` turns true before the start has read the port it bound.
-        if self._starting is None or (self._starting.done() and not self.endpoint.serving):
-            self._starting = asyncio.ensure_future(self.endpoint.start())
-        await asyncio.shield(self._starting)
+        await self.start()  # the worker started it already; a producer driven alone starts here
         run_id = self.endpoint.open_run()
         http = httpx.AsyncClient(verify=self._tls, timeout=None)
         client = openai.AsyncOpenAI(base_url=self.endpoint.run_url(run_id), api_key=run_id, max_retries=0,

@@ -43,7 +43,7 @@ class RewardErrorReport:
         self.reported: set[str] = set()
 
     def update(self, report: dict[str, Any], step: int) -> None:
-        """Print and log failure kinds not seen before; `report` is `WorkerGroup.reward_report()`."""
+        """Print and log failure kinds not seen before; `report` is the reward section of `WorkerGroup.health()`."""
         for kind, first in report.get("first_failures", {}).items():
             if kind in self.reported:
                 continue

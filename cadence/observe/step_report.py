@@ -29,6 +29,7 @@ from cadence.observe.progress import TrainingBar
 from cadence.observe.reward_errors import CHECK_STEPS, RewardErrorReport
 from cadence.observe.run_status import RunStatus
 from cadence.observe.run_trace import RunTrace
+from cadence.rollout.producer import reward_health
 from cadence.rollout.sample import Group, Sample
 from cadence.train.run_state import RunState
 
@@ -38,7 +39,7 @@ class RolloutReports(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
-    def reward_report(self) -> dict[str, Any]: ...
+    def health(self) -> dict[str, Any]: ...
 
 
 def batch_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -70,7 +71,7 @@ class StepReport:
         self.run, self.last_step, self.workers = run, last_step, workers
         self.reward_errors = RewardErrorReport(run_dir)
         if run.step == 0 and run.eval_before is not None:
-            self.reward_errors.review(workers.reward_report(), 0)  # evaluation scores with the same reward
+            self.reward_errors.review(reward_health(workers.health()), 0)  # evaluation scores with the same reward
         self.logger = MetricsLogger(run_dir, config, resume_step=run.step, tensorboard=cfg.tensorboard,
                                     wandb=cfg.wandb, mlflow=cfg.mlflow, name=cfg.name)
         if run.step == 0 and run.eval_before is not None:
@@ -133,7 +134,7 @@ class StepReport:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Review reward failures when due, write the step's metrics, update the bar."""
         if metrics["reward/errors"] or (step <= CHECK_STEPS and "eval/pass@1" in metrics):
-            self.reward_errors.review(self.workers.reward_report(), step)
+            self.reward_errors.review(reward_health(self.workers.health()), step)
         self.logger.log(step, metrics)
         self.trace.logged(step)
         self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")

@@ -16,7 +16,8 @@ per group; a group that runs out of retries is dropped and counted, and its
 prompt slot goes to a new group, so training never waits on a dead one.
 
 It is the rollout worker's multi-turn `GroupProducer` (cadence.rollout.producer):
-the worker picks the seed (`next_key`) and awaits `play(seed, group_id)`.
+a key is a seed; the worker picks it (counting up from `first_seed`) and awaits
+`play(seed, group_id)`.
 Admission under the async ratio is the worker's, the same rule as for RLVR
 prompts: groups are held back, finished episodes are never thrown away for
 being stale. Held-out evaluation plays `eval_episodes` episodes on seeds that
@@ -38,7 +39,6 @@ from cadence.inference.types import SamplingParams
 from cadence.rollout.episode import Episode, PlainTurns, TurnFormat, run_episode
 from cadence.rollout.evaluate import EvalResult
 from cadence.rollout.failures import Failures, OpenGroup, ProducerFailing, stale
-from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.rlvr import eval_result
 from cadence.rollout.sample import Group
 
@@ -84,7 +84,7 @@ class EnvRollout:
         self.redundancy = redundancy
         self.max_context_tokens = max_context_tokens
         self.turns = turns
-        self.next_seed = first_seed
+        self.first_key = first_seed  # a key is a seed
         self.version = 0  # the policy version new groups start under (set on each weight swap)
         self.open: dict[int, _OpenGroup] = {}
         self.turn_total = 0
@@ -94,10 +94,8 @@ class EnvRollout:
         self.max_retries = 2 * group_size if max_retries is None else max_retries
 
     # -- the producer protocol -------------------------------------------------
-    def next_key(self) -> int:
-        seed = self.next_seed
-        self.next_seed += 1
-        return seed
+    async def start(self) -> None:
+        pass  # environments are made per episode
 
     async def play(self, key: int, group_id: int) -> Group | None:
         """Play one group of episodes on seed `key` (call inside the event loop)."""
@@ -132,18 +130,10 @@ class EnvRollout:
             out[f"rollout/episodes_lost_{kind}_total"] = float(failures.lost_by_kind[kind])
         return out
 
-    def reward_report(self) -> dict:
-        """Rewards come from the environment: no reward function to fail (see env metrics)."""
-        return {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
-
-    def state_dict(self, trained: TrainedKeys) -> dict:
-        """Where to resume: after the last seed started. Episodes in flight are not replayed
-        (nothing of them was trained on, so nothing counted is lost)."""
-        return {"next_seed": self.next_seed}
-
-    def load_state_dict(self, state: dict) -> TrainedKeys:
-        self.next_seed = state["next_seed"]
-        return TrainedKeys(self.next_seed)
+    def health(self) -> dict:
+        """Episodes played, lost, retried; groups dropped; the first failure of each kind (rewards
+        come from the environment: no reward function to fail)."""
+        return {"episodes": self.failures.health()}
 
     def in_flight(self) -> int:
         # A copy in one step: metrics are read from the trainer's thread while the loop's changes them.
@@ -160,7 +150,7 @@ class EnvRollout:
     def close(self) -> None:
         pass  # environments are made and closed per episode
 
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         """Cancel every episode still running (their requests are aborted)."""
         # Out of `open` first: an episode that ends while the others are being cancelled is late,
         # not the last of a short group to be counted as dropped.

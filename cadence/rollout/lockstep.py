@@ -117,7 +117,7 @@ class LockstepRollout(EnvRollout):
             self._driver = asyncio.ensure_future(self._drive())
         return await result
 
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
@@ -125,7 +125,7 @@ class LockstepRollout(EnvRollout):
             if not result.done():
                 result.set_result(None)
         self.waiting.clear()
-        await super().cancel()
+        await super().stop()
 
     async def _drive(self) -> None:
         await asyncio.sleep(0)  # the groups admitted together queue up before the batch forms

@@ -1,4 +1,4 @@
-"""An endless, reproducible stream of training prompts with a resumable cursor."""
+"""An endless, reproducible stream of training prompts: the prompt at any position."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ class PromptStream:
     Given a list, every block is that list (an epoch). Given `draw(n)`, the first n
     prompts of an endless task stream, block b is the stream's next `block` prompts,
     so the order never depends on how long the run is (a resume with more steps keeps
-    it). The cursor is the stream position of the next prompt. Restoring a cursor
-    (and the positions beyond it that were already trained on, `skip`) after a
-    crash resumes the same sequence without repeating or skipping a prompt.
+    it). A position is the RLVR producer's group key: the worker keeps which were
+    trained on, so a resumed run plays the same sequence without repeating or
+    skipping a prompt.
     """
 
     def __init__(self, prompts: list[Prompt] | Callable[[int], list[Prompt]], seed: int, block: int = 0) -> None:
@@ -27,8 +27,6 @@ class PromptStream:
             raise ValueError("the task produced no training prompts")
         self._prompts_block = 0
         self.seed = seed
-        self.cursor = 0
-        self.skip: set[int] = set()  # positions >= cursor to pass over (trained before a resume)
         self._epoch = -1
         self._order: list[int] = []
 
@@ -39,13 +37,9 @@ class PromptStream:
             self._epoch = epoch
         return self._order
 
-    def next(self) -> Prompt:
-        """The prompt at the cursor (its position is `cursor` before the call)."""
-        while self.cursor in self.skip:
-            self.skip.discard(self.cursor)
-            self.cursor += 1
-        epoch, index = divmod(self.cursor, self.block)
-        self.cursor += 1
+    def at(self, position: int) -> Prompt:
+        """The prompt at stream position `position`."""
+        epoch, index = divmod(position, self.block)
         return self._block_prompts(epoch)[self._order_for(epoch)[index]]
 
     def _block_prompts(self, block: int) -> list[Prompt]:
@@ -53,17 +47,3 @@ class PromptStream:
             self.prompts = self._draw((block + 1) * self.block)[block * self.block :]
             self._prompts_block = block
         return self.prompts
-
-    def peek_position(self) -> int:
-        """The position `next()` will hand out."""
-        position = self.cursor
-        while position in self.skip:
-            position += 1
-        return position
-
-    def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "skip": sorted(self.skip)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.cursor = int(state["cursor"])
-        self.skip = {int(p) for p in state.get("skip", ())}

@@ -28,7 +28,6 @@ from cadence.data.tasks import Prompt
 from cadence.inference.hub import InferenceHub
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
 from cadence.rollout.evaluate import EvalResult, pass_at_k
-from cadence.rollout.producer import TrainedKeys
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.render import PromptRenderer
 from cadence.rollout.sample import Group, Sample
@@ -121,7 +120,7 @@ class RolloutStats:
     samples: int = 0
     response_tokens: int = 0
     reward_errors: int = 0
-    filtered_groups: int = 0  # dropped by dynamic filtering (no learning signal)
+    groups_dropped: int = 0  # by dynamic filtering (no learning signal): never trained
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -158,6 +157,7 @@ class RLVRProducer:
     """Groups of answers to the task's prompts (see the module docstring)."""
 
     needs_running_loop = False
+    first_key = 0  # a key is a stream position
 
     def __init__(
         self,
@@ -187,15 +187,12 @@ class RLVRProducer:
         self.eval_prompts = eval_prompts
         self.eval_params = eval_params or params
         self.stats = RolloutStats()
-        self._drawn: dict[int, Prompt] = {}  # key (stream position) -> prompt, until played
 
-    def next_key(self) -> int:
-        position = self.stream.peek_position()
-        self._drawn[position] = self.stream.next()
-        return position
+    async def start(self) -> None:
+        pass  # the hub is all it needs
 
     async def play(self, key: int, group_id: int) -> Group | None:
-        prompt = self._drawn.pop(key)
+        prompt = self.stream.at(key)
         ids = self.render.ids(prompt)
         group = Group(group_id=group_id, prompt_id=prompt.id)
         if self.slots is not None:
@@ -217,7 +214,7 @@ class RLVRProducer:
         await asyncio.gather(*(answer(j) for j in range(self.answers)))
         if self.keep(group):
             return group
-        self.stats.filtered_groups += 1
+        self.stats.groups_dropped += 1
         return None
 
     def on_weights(self, version: int, cancel_before: int | None) -> None:
@@ -242,24 +239,16 @@ class RLVRProducer:
         return {
             "rollout/reward_errors_total": float(self.stats.reward_errors),
             "rollout/samples_total": float(self.stats.samples),
-            "rollout/filtered_groups_total": float(self.stats.filtered_groups),
+            "rollout/groups_dropped_total": float(self.stats.groups_dropped),
+            "rollout/filtered_groups_total": float(self.stats.groups_dropped),  # its old name, for a release
         }
 
-    def reward_report(self) -> dict:
+    def health(self) -> dict:
+        """The reward function's counters and first failures."""
         report = getattr(self.scorer, "report", None)
-        return report() if report else {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
+        return {"reward": report() if report else {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}}
 
-    def state_dict(self, trained: TrainedKeys) -> dict:
-        """Every prompt not trained on yet is owed, in stream order: groups in flight, waiting
-        in the buffer, filtered or dropped as stale were never trained on, so a resumed run
-        generates them again; prompts trained on are never generated twice."""
-        return {"prompts": {"cursor": trained.below, "skip": sorted(trained.above)}}
-
-    def load_state_dict(self, state: dict) -> TrainedKeys:
-        self.stream.load_state_dict(state["prompts"])
-        return TrainedKeys(self.stream.cursor, set(self.stream.skip))
-
-    async def cancel(self) -> None:
+    async def stop(self) -> None:
         pass  # a cancelled group aborts its own requests
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.prefix_reuse import reuse_metrics
 from cadence.rollout.buffer import SampleBuffer
 from cadence.rollout.evaluate import EvalResult
-from cadence.rollout.producer import GroupProducer, TrainedKeys
+from cadence.rollout.producer import GroupKeys, GroupProducer
 from cadence.rollout.sample import Group
 from cadence.yaml_config import ConfigError
 
@@ -122,11 +122,11 @@ class RolloutWorker:
         self.version = 0
         self.swaps = 0  # weight pushes received: the admission clock (one per trainer step)
         self.started_groups = 0  # groups admitted since the run began (all versions)
-        self.never_trained = 0  # groups the producer gave up on (filtered, lost): replaced
+        self.groups_dropped = 0  # groups the producer gave up on (filtered, lost, stale): never trained, replaced
         self.handed_out = 0  # groups given to the trainer
         self.next_group_id = first_group_id
         self.group_id_step = group_id_step  # several workers fill one batch: ids never collide
-        self.trained = TrainedKeys()
+        self.keys = GroupKeys(producer.first_key)  # which group comes next; which were trained on
         self._keys: dict[int, int] = {}  # group id -> its key, until trained on
         self._tasks: set[asyncio.Task] = set()  # groups being played
         self._own_loop: asyncio.AbstractEventLoop | None = None  # made on first use (the simulator has its own)
@@ -151,12 +151,12 @@ class RolloutWorker:
     def _room(self) -> int:
         if not self.interrupt and self.hub.weights_pending():
             return 0  # the swap waits for what is in flight; nothing new starts meanwhile
-        allowed = (self.swaps + self.alpha + 1) * self.quota + self.extra + self.never_trained
+        allowed = (self.swaps + self.alpha + 1) * self.quota + self.extra + self.groups_dropped
         return allowed - self.started_groups
 
     def _admit(self) -> None:
         for _ in range(self._room()):
-            key, group_id = self.producer.next_key(), self.next_group_id
+            key, group_id = self.keys.take(), self.next_group_id
             self.next_group_id += self.group_id_step
             self._keys[group_id] = key
             task = asyncio.ensure_future(_play(self, key, group_id))
@@ -278,7 +278,7 @@ class RolloutWorker:
         batch = self.buffer.get_batch(self.quota, trainer_version, timeout=0)
         self.handed_out += len(batch)
         for group in batch:
-            self.trained.add(self._keys.pop(group.group_id))
+            self.keys.trained(self._keys.pop(group.group_id))
         self._in_loop(self._poke)  # a group taken frees room; the loop re-checks admission
         return batch
 
@@ -298,7 +298,7 @@ class RolloutWorker:
 
         self.hub.swap_next_round()
         self.timeline.enter("evaluating")
-        return self._on_loop(self.producer.evaluate(samples))
+        return self._on_loop(_evaluate(self, samples))
 
     def metrics(self) -> dict[str, float]:
         engine = self.engine.stats()
@@ -313,13 +313,14 @@ class RolloutWorker:
             **reuse_metrics(engine),
         }
 
-    def reward_report(self) -> dict:
-        """The reward guard's counters and the first failure of each kind (with its traceback)."""
-        return self.producer.reward_report()
+    def health(self) -> dict:
+        """The producer's health report: its reward function's or its plays' counters and first
+        failures (see GroupProducer.health)."""
+        return self.producer.health()
 
     def state_dict(self) -> dict:
-        """Where to resume (see the producer's state_dict) and the admission clock."""
-        state = {**self.producer.state_dict(self.trained), "next_group_id": self.next_group_id, "swaps": self.swaps}
+        """Where to resume: the group keys trained on (see GroupKeys) and the admission clock."""
+        state = {"keys": self.keys.state_dict(), "next_group_id": self.next_group_id, "swaps": self.swaps}
         # The engine's sampling RNG: with it a synchronous run resumes bit-identically (nothing is
         # in flight between steps). Asynchronous runs regenerate in-flight groups, so theirs differ.
         state["engine"] = self.engine.sampling_state()
@@ -327,7 +328,7 @@ class RolloutWorker:
 
     def load_state_dict(self, state: dict, version: int) -> None:
         """Resume at trainer `version` with nothing in flight."""
-        self.trained = self.producer.load_state_dict(state)
+        self.keys.load_state_dict(state)
         if "engine" in state:  # absent from checkpoints written before it was saved
             self.engine.load_sampling_state(state["engine"])
         self.next_group_id = state.get("next_group_id", self.next_group_id)
@@ -372,6 +373,7 @@ async def _serve_and_admit(worker: RolloutWorker, until: Callable[[], bool]) -> 
     stop = asyncio.Event()
     server = asyncio.ensure_future(worker.hub.serve(stop))
     try:
+        await worker.producer.start()
         while True:
             worker._check()
             worker._admit()
@@ -394,10 +396,15 @@ async def _serve_and_admit(worker: RolloutWorker, until: Callable[[], bool]) -> 
 async def _play(worker: RolloutWorker, key: int, group_id: int) -> None:
     group = await worker.producer.play(key, group_id)
     if group is None:
-        worker.never_trained += 1
+        worker.groups_dropped += 1
         worker._keys.pop(group_id, None)
     else:
         worker.buffer.put(group)
+
+
+async def _evaluate(worker: RolloutWorker, samples: int) -> EvalResult:
+    await worker.producer.start()  # agents: after a stop, the endpoint comes back for evaluation
+    return await worker.producer.evaluate(samples)
 
 
 async def _serve_until_stopped(worker: RolloutWorker, ready: threading.Event) -> None:
@@ -443,4 +450,4 @@ async def _cancel(worker: RolloutWorker) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await worker.producer.cancel()
+    await worker.producer.stop()

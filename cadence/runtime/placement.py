@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.rollout.evaluate import EvalResult
+from cadence.rollout.producer import merge_health
 from cadence.rollout.sample import Group
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.actors import Local, RayActor, Recovery, Remote, call_all
@@ -141,15 +142,9 @@ class WorkerGroup:
                 merged[k] /= len(parts)  # fractions average; counts add up
         return merged
 
-    def reward_report(self) -> dict[str, Any]:
-        """Reward counters summed over workers; the first failure of each kind from any of them."""
-        merged: dict[str, Any] = {"calls": 0, "errors": 0, "timeouts": 0, "first_failures": {}}
-        for part in call_all(self.workers, RolloutWorker.reward_report):
-            for key in ("calls", "errors", "timeouts"):
-                merged[key] += part[key]
-            for kind, first in part["first_failures"].items():
-                merged["first_failures"].setdefault(kind, first)
-        return merged
+    def health(self) -> dict[str, Any]:
+        """The producers' health reports, counters summed over workers (see merge_health)."""
+        return merge_health(call_all(self.workers, RolloutWorker.health))
 
     def state_dict(self) -> list[dict]:
         return call_all(self.workers, RolloutWorker.state_dict)

@@ -39,11 +39,11 @@ def play_groups(rows, canaries: CanariesConfig, groups: int) -> tuple[list, dict
         nonlocal stopped
         try:
             for gid in range(groups):
-                played.append(await producer.play(producer.next_key(), gid))
+                played.append(await producer.play(gid, gid))
         except CanariesPassing as exc:
             stopped = exc
         finally:
-            await producer.cancel()
+            await producer.stop()
         return producer.metrics()
 
     return played, asyncio.run(hub.serving(main())), stopped

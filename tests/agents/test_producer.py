@@ -8,7 +8,6 @@ import json
 from cadence.agents import AgentEndpoint
 from cadence.agents.producer import AgentProducer
 from cadence.inference.hub import InferenceHub
-from cadence.rollout.producer import TrainedKeys
 from tests.agents.scripted import ScriptedEngine, tool_tokenizer
 from tests.agents.test_endpoint import TOOLS, calculator_reply
 
@@ -40,10 +39,9 @@ def play(agent, tasks, keys, group_size=3, **options):
     producer = AgentProducer(AgentEndpoint(hub, tok), agent, tasks, group_size, eval_tasks=tasks, **options)
 
     async def main():
-        groups = [await producer.play(producer.next_key(), gid) for gid in range(keys)]
+        groups = [await producer.play(key, key) for key in range(keys)]
         evaluation = await producer.evaluate(2)
-        await producer.cancel()
-        await producer.endpoint.stop()
+        await producer.stop()
         return groups, evaluation
 
     groups, evaluation = asyncio.run(hub.serving(main()))
@@ -62,8 +60,6 @@ def test_groups_of_agent_runs_are_token_exact_samples():
     assert evaluation.pass_at_1 == 1.0
     metrics = producer.metrics()
     assert metrics["agent/runs_total"] == 6 + 2 and metrics["agent/stitched"] == 8
-    state = producer.state_dict(TrainedKeys(2))
-    assert producer.load_state_dict(state).below == 2
 
 
 def test_failing_and_silent_agents_are_lost_not_trained():
@@ -117,15 +113,3 @@ def test_a_run_that_rewrites_its_history_is_several_samples_with_its_whole_rewar
         batch = collate(group.samples, pad_id=0)
         assert int(batch.mask.sum()) == sum(len(r.token_ids) for r in group_requests)
         assert producer.endpoint.metrics()["agent/rewrite"] == (3 + 2 if summarise else 0)
-
-
-def test_a_resumed_producer_owes_the_tasks_not_trained_on_and_skips_the_trained_ones():
-    producer, *_ = play(calculator_agent, [{"a": 2, "b": 3}], keys=0)
-    trained = TrainedKeys()
-    for key in (0, 1, 3):  # key 2 was in flight (or dropped) when the checkpoint was written
-        trained.add(key)
-    state = producer.state_dict(trained)
-    resumed, *_ = play(calculator_agent, [{"a": 2, "b": 3}], keys=0)
-    keys = resumed.load_state_dict(state)
-    assert (keys.below, keys.above) == (2, {3})
-    assert [resumed.next_key() for _ in range(3)] == [2, 4, 5]
