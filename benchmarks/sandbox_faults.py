@@ -7,12 +7,12 @@ event log and the status API must show every replacement with its cause.
     python benchmarks/sandbox_faults.py --mode service   # the service's own episodes, 200
     ... --quick                                          # 40 episodes
 
-rollout: the agentic pipeline's real rollout (`EnvRollout` -> `run_episode` over an
+rollout: the agentic pipeline's real rollout (`EpisodeProducer` -> `run_episode` over an
   `InferenceHub` with the embedded engine and the built-in model) on a hosted environment:
   `HostedEnv`, whose every reset and step runs in a sandbox of the service (the environment
   object lives in the sandbox's Python session, its ledger in the sandbox's workspace; the last
   turn checks that both survived, reward 1.0). A lost episode (the environment raised, timed out
-  or died) is counted by `EnvRollout` and retried on the same seed; a group that ran out of
+  or died) is counted by `EpisodeProducer` and retried on the same seed; a group that ran out of
   retries would be dropped: those are the lost ones.
 service: each episode is a multi-turn task in one sandbox over the SDK (write the input, three
   turns building state in the Python session, a checked answer); a failed one is retried from
@@ -82,7 +82,7 @@ class Ledger:
 
 def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progress: list[int],
                 template: str | None = None) -> dict:
-    """Play `episodes` episodes through EnvRollout (groups of `group_size`, at most `in_flight`
+    """Play `episodes` episodes through EpisodeProducer (groups of `group_size`, at most `in_flight`
     at a time); progress[0] counts the episodes that reached the buffer."""
     import torch
 
@@ -91,7 +91,7 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
     from cadence.inference.hub import InferenceHub
     from cadence.inference.types import SamplingParams
     from cadence.models.loading import load_policy, load_tokenizer
-    from cadence.rollout.env_rollout import EnvRollout
+    from cadence.rollout.episode_producer import EpisodeProducer
     from cadence.sandbox.hosted_env import HostedEnv
 
     torch.set_num_threads(1)
@@ -101,7 +101,7 @@ def run_rollout(url: str, episodes: int, group_size: int, in_flight: int, progre
     def make_env() -> HostedEnv:
         return HostedEnv(url, TOKEN, source=LEDGER, class_name="Ledger", step_timeout_s=3.0, template=template)
 
-    rollout = EnvRollout(
+    rollout = EpisodeProducer(
         hub, lambda: EnvRunner(make_env, step_timeout_s=15.0, action_tag=None), tokenizer,
         SamplingParams(max_new_tokens=8), group_size, max_retries=50, max_context_tokens=512,
     )

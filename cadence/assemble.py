@@ -186,9 +186,9 @@ def _rlvr(cfg: RunConfig, hub: InferenceHub, tokenizer, index: int, workers: int
 
 def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index: int, workers: int) -> GroupProducer:
     from cadence.envs.runner import EnvRunner
-    from cadence.rollout.env_rollout import EnvRollout
+    from cadence.rollout.episode_producer import EpisodeProducer
     from cadence.rollout.failures import Failures
-    from cadence.rollout.lockstep import LockstepRollout
+    from cadence.rollout.lockstep import LockstepEpisodeProducer
 
     ro, env = cfg.rollout, cfg.env
     assert env is not None
@@ -197,7 +197,7 @@ def _episodes(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, turns, index
     kwargs: dict = {}
     if ro.env_mode == "lockstep":
         kwargs["batch_groups"] = worker_quotas(ro.prompts_per_step, workers)[index]
-    return (LockstepRollout if kwargs else EnvRollout)(
+    return (LockstepEpisodeProducer if kwargs else EpisodeProducer)(
         hub, lambda: EnvRunner.from_config(env), tokenizer,
         SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, stop=stop),
         ro.group_size, redundancy=ro.redundancy, max_context_tokens=budget, turns=turns,
@@ -242,7 +242,7 @@ def _agent_runs(cfg: RunConfig, hub: InferenceHub, tokenizer, policy, index: int
 def agent_tasks(cfg: RunConfig, index: int = 0, workers: int = 1) -> tuple[Sequence, Sequence]:
     """(training tasks of worker `index`, held-out tasks): rows of the task.* dataset as dicts
     with its prompt and answer fields, or environment seeds (held-out ones never trained on)."""
-    from cadence.rollout.env_rollout import HELD_OUT_SEED
+    from cadence.rollout.episode_producer import HELD_OUT_SEED
 
     assert cfg.agent is not None
     if cfg.agent.tasks == "seeds":

@@ -12,7 +12,7 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
-from cadence.rollout.env_rollout import EnvRollout
+from cadence.rollout.episode_producer import EpisodeProducer
 from cadence.rollout.worker import RolloutWorker
 from tests.inference.hub_probe import busy
 
@@ -62,7 +62,7 @@ class OneNeverAnswers(TwoTurns):
 def _rollout(env_cls, group_size=3, redundancy=0, timeout=30.0):
     hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
                                    eos_id=1, virtual_clock=True)])
-    rollout = EnvRollout(
+    rollout = EpisodeProducer(
         hub, lambda: EnvRunner(env_cls, action_tag=None, step_timeout_s=timeout), load_tokenizer("builtin"),
         SamplingParams(max_new_tokens=8), group_size=group_size, redundancy=redundancy,
     )
@@ -177,7 +177,7 @@ def test_held_out_evaluation_plays_its_own_seeds_and_counts_pass_at_k():
     RecordsSeeds.seeds = []
     hub = InferenceHub([MockEngine(max_batch_size=16, median_tokens=4, length_dist="fixed", vocab_size=50,
                                    eos_id=1, virtual_clock=True)])
-    rollout = EnvRollout(hub, lambda: EnvRunner(RecordsSeeds, action_tag=None), load_tokenizer("builtin"),
+    rollout = EpisodeProducer(hub, lambda: EnvRunner(RecordsSeeds, action_tag=None), load_tokenizer("builtin"),
                          SamplingParams(max_new_tokens=8), group_size=2, eval_episodes=4)
     result = asyncio.run(hub.serving(rollout.evaluate(samples=2)))
     assert sorted(RecordsSeeds.seeds) == sorted([10**9 + i for i in range(4)] * 2)
@@ -197,8 +197,8 @@ class StepsOnCue(TwoTurns):
         return super().step(action)
 
 
-class AnswersAsCancelled(EnvRollout):
-    """An EnvRollout whose environments answer in the very loop round their episodes are
+class AnswersAsCancelled(EpisodeProducer):
+    """An EpisodeProducer whose environments answer in the very loop round their episodes are
     cancelled: the answers are queued on the loop before the cancellation, not yet run."""
 
     def __init__(self, *args, **kwargs):

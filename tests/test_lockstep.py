@@ -11,8 +11,8 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_policy, load_tokenizer
-from cadence.rollout.env_rollout import EnvRollout
-from cadence.rollout.lockstep import LockstepRollout, TurnBarrier
+from cadence.rollout.episode_producer import EpisodeProducer
+from cadence.rollout.lockstep import LockstepEpisodeProducer, TurnBarrier
 
 STEPS: list[tuple[int, int, float, float]] = []  # (seed, turn, started, ended) of every env step
 
@@ -86,7 +86,7 @@ def _turns_overlap() -> bool:
 
 def test_every_turn_waits_for_the_slowest_environment_of_the_batch():
     STEPS.clear()
-    rollout = _rollout(LockstepRollout, _mock(), batch_groups=4)
+    rollout = _rollout(LockstepEpisodeProducer, _mock(), batch_groups=4)
     groups = asyncio.run(_collect(rollout, groups=4))
     assert len(groups) == 4 and all(len(g.samples) == 2 for g in groups)
     assert len(STEPS) == 4 * 2 * 3 and not _turns_overlap()
@@ -102,14 +102,14 @@ def test_every_turn_waits_for_the_slowest_environment_of_the_batch():
 def test_async_mode_has_no_such_barrier():
     """The contrast that shows the lock-step test can fail: fast episodes run ahead."""
     STEPS.clear()
-    rollout = _rollout(EnvRollout, _mock())
+    rollout = _rollout(EpisodeProducer, _mock())
     asyncio.run(_collect(rollout, groups=4))
     assert _turns_overlap()
 
 
 def test_batches_of_groups_run_one_after_another():
     STEPS.clear()
-    rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
+    rollout = _rollout(LockstepEpisodeProducer, _mock(), batch_groups=2)
     groups = asyncio.run(_collect(rollout, groups=4))
     assert len(groups) == 4 and rollout.batches == 2
     first = {int(g.prompt_id.removeprefix("seed")) for g in groups if g.group_id < 2}
@@ -119,7 +119,7 @@ def test_batches_of_groups_run_one_after_another():
 
 def test_redundant_stragglers_leave_the_barrier():
     STEPS.clear()
-    rollout = _rollout(LockstepRollout, _mock(), group_size=2, redundancy=1, batch_groups=3)
+    rollout = _rollout(LockstepEpisodeProducer, _mock(), group_size=2, redundancy=1, batch_groups=3)
     groups = asyncio.run(_collect(rollout, groups=3))
     assert len(groups) == 3 and all(len(g.samples) == 2 for g in groups)
 
@@ -134,8 +134,8 @@ def _greedy_episodes(cls, kwargs):
 
 
 def test_lockstep_and_async_play_the_same_episodes_under_greedy_decoding():
-    lockstep = _greedy_episodes(LockstepRollout, {"batch_groups": 3})
-    assert lockstep == _greedy_episodes(EnvRollout, {})
+    lockstep = _greedy_episodes(LockstepEpisodeProducer, {"batch_groups": 3})
+    assert lockstep == _greedy_episodes(EpisodeProducer, {})
     assert {p for p, *_ in lockstep} == {"seed0", "seed1", "seed2"}
 
 
@@ -161,7 +161,7 @@ def test_a_party_leaving_releases_the_others():
 
 def test_cancel_stale_closes_groups_started_under_an_older_policy():
     async def scenario():
-        rollout = _rollout(EnvRollout, _mock())
+        rollout = _rollout(EpisodeProducer, _mock())
         stop = asyncio.Event()
         server = asyncio.create_task(rollout.hub.serve(stop))
         plays = [asyncio.ensure_future(rollout.play(gid, gid)) for gid in (0, 1)]
@@ -197,7 +197,7 @@ def test_the_worker_runs_lockstep_with_extra_groups_from_config():
     ])
     worker = ConfiguredRolloutWorker(cfg)
     try:
-        assert isinstance(worker.producer, LockstepRollout) and worker.producer.batch_groups == 2
+        assert isinstance(worker.producer, LockstepEpisodeProducer) and worker.producer.batch_groups == 2
         assert worker._room() == 2 + 2  # (swaps + alpha + 1) x quota + extra_groups
         batch = worker.get_batch(0, timeout=60)
         assert len(batch) == 2 and all(len(g.samples) == 2 for g in batch)
@@ -210,7 +210,7 @@ def test_cancel_stale_closes_a_lockstep_batch_too():
     either env_mode: lock-step closes the stale groups and counts them as stale."""
 
     async def scenario():
-        rollout = _rollout(LockstepRollout, _mock(), batch_groups=2)
+        rollout = _rollout(LockstepEpisodeProducer, _mock(), batch_groups=2)
         stop = asyncio.Event()
         server = asyncio.create_task(rollout.hub.serve(stop))
         try:

@@ -14,7 +14,7 @@ environment. A batch is one training step's groups (`batch_groups`); the next
 batch starts when the last one is done (with alpha > 0 the trainer may be
 training meanwhile, but batches never overlap).
 
-It is `EnvRollout` with one change: each episode's environment sits behind a
+It is `EpisodeProducer` with one change: each episode's environment sits behind a
 `TurnBarrier` shared by its batch. Episodes, groups, retries, redundancy,
 the hub and `run_episode` are the same code as the asynchronous mode, so
 the two modes produce the same episodes and differ only in when a turn may
@@ -30,7 +30,7 @@ import asyncio
 from typing import Any
 
 from cadence.envs.runner import EnvFailure, EnvRunner, ResetResult, StepResult
-from cadence.rollout.env_rollout import EnvRollout, _OpenGroup
+from cadence.rollout.episode_producer import EpisodeProducer, _OpenGroup
 from cadence.rollout.sample import Group
 
 
@@ -96,8 +96,8 @@ class LockstepRunner:
         return getattr(self.runner, name)  # counts, env, ...
 
 
-class LockstepRollout(EnvRollout):
-    """`EnvRollout` in lock-step batches of `batch_groups` groups (see the module docstring)."""
+class LockstepEpisodeProducer(EpisodeProducer):
+    """`EpisodeProducer` in lock-step batches of `batch_groups` groups (see the module docstring)."""
 
     def __init__(self, *args: Any, batch_groups: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,7 +1,7 @@
 """One simulated agentic run: episodes of generation turns and environment steps on a cluster.
 
     cadence's RolloutWorker on mock replicas, one per rollout node
-        its EnvRollout (env-level async) or LockstepRollout (the synchronous baseline) runs
+        its EpisodeProducer (env-level async) or LockstepEpisodeProducer (the synchronous baseline) runs
         run_episode for every episode: generate a turn on the hub, step the environment
         (EnvRunner: timeout, retries; AsyncLatencyEnv: cadence's latency draws), repeat
         | finished groups land in the worker's SampleBuffer (alpha's freshness rule)
@@ -26,8 +26,8 @@ from cadence.envs.latency import with_latency
 from cadence.envs.runner import EnvRunner
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
-from cadence.rollout.env_rollout import EnvRollout
-from cadence.rollout.lockstep import LockstepRollout
+from cadence.rollout.episode_producer import EpisodeProducer
+from cadence.rollout.lockstep import LockstepEpisodeProducer
 from cadence.rollout.worker import RolloutWorker
 from cadence.simulate.cluster import ClusterSim, SimResult, sim_engine
 from cadence.simulate.config import SimConfig
@@ -82,7 +82,7 @@ class PrefixCachingEngine(MockEngine):
 
 class AgenticSim(ClusterSim):
     """The simulated run (ClusterSim) with episodes: the real worker over the real
-    `EnvRollout` (or `LockstepRollout`), environments with the latency draws and no world."""
+    `EpisodeProducer` (or `LockstepEpisodeProducer`), environments with the latency draws and no world."""
 
     def __init__(self, cfg: SimConfig) -> None:
         if cfg.env is None:
@@ -107,7 +107,7 @@ class AgenticSim(ClusterSim):
             inner = TurnsEnv(env.min_turns or env.turns, env.turns, env_seed[0])
             return with_latency(inner, **env.latency.model_dump(), instance=(index, env_seed[0]))
 
-        producer = (LockstepRollout if lockstep else EnvRollout)(
+        producer = (LockstepEpisodeProducer if lockstep else EpisodeProducer)(
             hub, lambda: EnvRunner(make_env, step_timeout_s=env.step_timeout_s, action_tag="answer"),
             LengthTokenizer(1), SamplingParams(max_new_tokens=max_ticks), w.group_size,
             redundancy=env.redundancy, turns=turns, first_seed=10**6 * index,

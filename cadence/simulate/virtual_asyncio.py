@@ -1,6 +1,6 @@
 """asyncio on virtual time: cadence's async rollout code, run as a discrete-event simulation.
 
-The agentic rollout (`EnvRollout`, `LockstepRollout`, `run_episode`, the
+The agentic rollout (`EpisodeProducer`, `LockstepEpisodeProducer`, `run_episode`, the
 `EnvRunner`'s step timeouts, `AsyncLatencyEnv`'s delays, `RolloutWorker`'s
 admission loop) is asyncio code. Rather than re-write it as events, the
 simulator runs it unchanged on an event loop whose clock is virtual:

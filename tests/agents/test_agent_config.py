@@ -6,7 +6,7 @@ import pytest
 
 from cadence.assemble import agent_tasks
 from cadence.config import ConfigError, load_config
-from cadence.rollout.env_rollout import HELD_OUT_SEED
+from cadence.rollout.episode_producer import HELD_OUT_SEED
 
 AGENT = '''
 import openai

@@ -53,7 +53,7 @@ class _OpenGroup(OpenGroup):
     started: int = 0
 
 
-class EnvRollout:
+class EpisodeProducer:
     """Episodes in flight for open groups (see the module docstring)."""
 
     needs_running_loop = True  # episodes wait on environments: the loop turns while the trainer trains
