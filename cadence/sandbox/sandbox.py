@@ -313,7 +313,10 @@ class LocalSandbox:
         return json.loads(self._read(struct.unpack(">I", head)[0], deadline))
 
     def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
+        proc = self.proc
+        if proc is None:  # stopped from another thread during the call (a reaper, a test's fault)
+            raise SandboxDied("the sandbox was stopped during the call")
+        fd = proc.stdout.fileno()
         buf = b""
         while len(buf) < n:
             left = deadline - time.monotonic()

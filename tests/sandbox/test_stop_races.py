@@ -2,18 +2,21 @@
 a leased sandbox released while the pool starts its replacement has the replacement stopped, not
 left running with no slot to reach it (4 such bwrap processes, and their cgroups, after 48 runs);
 a workspace read of a sandbox stopped from another thread is a SandboxError (it was an
-AttributeError, which lost the agent run without counting it: 10 of 64 runs)."""
+AttributeError, which lost the agent run without counting it: 8 of 64 runs), and so is a call
+whose sandbox is stopped between its request and its reply (an AttributeError reached the agent,
+and the pool, which replaces a sandbox on SandboxDied, kept the dead one leased)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 
 import pytest
 
 from cadence.sandbox import LocalSandbox, workspace
-from cadence.sandbox.models import SandboxError
+from cadence.sandbox.models import SandboxDied, SandboxError
 from cadence.sandbox.pool import Pool, PoolConfig
 from tests.sandbox.conftest import needs_bwrap
 
@@ -56,3 +59,10 @@ def test_a_snapshot_of_a_sandbox_stopped_meanwhile_is_a_sandbox_error():
     box.stop()  # as a reaper or a replacement does, from another thread
     with pytest.raises(SandboxError, match="not running"):
         workspace.snapshot(box)
+
+
+def test_a_reply_read_after_the_sandbox_was_stopped_is_sandbox_died():
+    box = LocalSandbox().start()
+    box.stop()  # between a call's request and its reply (the window is a few microseconds wide)
+    with pytest.raises(SandboxDied, match="stopped during the call"):
+        box._recv(time.monotonic() + 1.0)
