@@ -354,8 +354,9 @@ async def play_all(plan: Plan, folder: Path) -> dict:
         "grading_errors": int(end["metrics"].get("agent/grader_errors_total", 0)),
         "gradings_run_again": int(end["metrics"].get("agent/grader_regraded_total", 0)),
         "runs_started_from_a_wrong_workspace": len(wrong_start),
+        # A sandbox left running has a bwrap process and cgroups named by its id: counted once.
         "sandboxes_leaked": end["leases"]["leased_by_producer"] + end["leases"]["pool_leases"]
-        + len(leftover["bwrap_processes"]) + len(leaked_ids) + len(leftover["temp_folders"]),
+        + max(len(leftover["bwrap_processes"]), len(leaked_ids)) + len(leftover["temp_folders"]),
         **end["leases"], "left_behind": leftover, "engine": "embedded (builtin:calc)",
     }
 
