@@ -146,7 +146,7 @@ def run_steps(run: Path, warmup: int) -> list[dict]:
 GROUP_FIELDS = (
     "engine_step_share", "engine_swap_share", "engine_gap_share", "engine_rows_mean", "engine_waiting_mean",
     "swaps", "swap_s", "push_to_swap_s", "answer_to_buffer_ms", "group_add_to_buffer_s",
-    "engine_cpu_per_step_ms", "engine_cpu_share",
+    "engine_cpu_per_step_ms", "engine_cpu_share", "swap_cpu_s", "engine_cpu_ms_per_sample",
 )
 
 
@@ -182,9 +182,18 @@ def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
         "push_to_swap_s": statistics.median(delays) if delays else float("nan"),
         "answer_to_buffer_ms": 1e3 * statistics.median(to_buffer) if to_buffer else float("nan"),
         "group_add_to_buffer_s": statistics.median(add_to_buffer) if add_to_buffer else float("nan"),
-        **({"engine_cpu_per_step_ms": 1e3 * sum(r["cpu"] for r in steps) / len(steps),
-            "engine_cpu_share": sum(r["cpu"] for r in steps) / step_s} if all("cpu" in r for r in steps) else {}),
+        **(cpu_fields(steps, swaps, step_s) if all("cpu" in r for r in steps + swaps) else {}),
     }
+
+
+def cpu_fields(steps: list[dict], swaps: list[dict], step_s: float) -> dict[str, float]:
+    """The engine thread's CPU seconds: its work, whatever the machine's load made it wait for a core.
+    engine_cpu_ms_per_sample (steps and swaps over the answers finished) is the load-free cost of a sample."""
+    cpu_steps, cpu_swaps = sum(r["cpu"] for r in steps), sum(r["cpu"] for r in swaps)
+    answers = sum(len(r["done"]) for r in steps)
+    return {"engine_cpu_per_step_ms": 1e3 * cpu_steps / len(steps), "engine_cpu_share": cpu_steps / step_s,
+            "swap_cpu_s": cpu_swaps / max(len(swaps), 1),
+            "engine_cpu_ms_per_sample": 1e3 * (cpu_steps + cpu_swaps) / max(answers, 1)}
 
 
 def per_run(run: Path, warmup: int) -> dict[str, float]:
