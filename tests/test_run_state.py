@@ -86,7 +86,7 @@ def test_a_checkpoint_is_due_every_n_steps_and_after_the_last():
     assert [s for s in range(1, 6) if _checkpointer(Path("."), every=0, last=5).due(s)] == [5]
 
 
-def test_run_state_saves_and_restores_as_one_thing(tmp_path):
+def test_run_state_saves_and_restores_as_one_thing(tmp_path, capsys):
     checkpoints = _checkpointer(tmp_path)
     before = EvalResult(pass_at_1=0.125, pass_at_k=0.125, k=1, mean_reward=0.1, prompts=8)
     run = RunState(step=4, counters=Counters(samples=64, tokens=900), eval_before=before)
@@ -104,6 +104,7 @@ def test_run_state_saves_and_restores_as_one_thing(tmp_path):
     random.seed(99)
     trainer, workers = FakeTrainer(), FakeWorkers()
     restored = checkpoints.restore(checkpoints.latest(), trainer, workers)
+    assert f"resumed from step 4 ({tmp_path})" in capsys.readouterr().out
     assert (restored.step, restored.counters, restored.eval_before) == (4, Counters(64, 900), before)
     assert trainer.loaded == ({"version": 4, "kl_coef": 0.0625, "optimizer": {"lr": 0.5}}, folder)
     # The engines get the trainer's restored weights before the workers their cursors, at its version.
