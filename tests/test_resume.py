@@ -24,6 +24,8 @@ from tests.quick_run import QUICK_RUN
 # The built-in model gets some sums right, so rewards vary and every step changes the weights;
 # one torch thread everywhere, so the uninterrupted and the resumed run do the same float ops.
 RUN = [*QUICK_RUN, "trainer.steps=6", "checkpoint.every=2", "checkpoint.keep=5", "runtime.threads=1"]
+# The config checks need a checkpoint, not learning: the smallest batch that trains.
+CHECKPOINTED = [*QUICK_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2"]
 COMPARED = ("reward/mean", "response/length_mean", "train/loss", "train/grad_norm", "train/entropy")
 
 
@@ -99,7 +101,7 @@ def test_an_adaptive_kl_run_resumes_with_its_own_command(tmp_path):
 
 def _checkpointed_run(tmp_path: Path, overrides: list[str]) -> Path:
     """A run folder with one finished 2-step checkpoint (no engine needed to make it)."""
-    cfg = load_config(None, [*QUICK_RUN, "trainer.steps=2", f"logging.run_dir={tmp_path}/run", *overrides])
+    cfg = load_config(None, [*CHECKPOINTED, "trainer.steps=2", f"logging.run_dir={tmp_path}/run", *overrides])
     train(cfg)
     return cfg.run_dir()
 
@@ -107,7 +109,7 @@ def _checkpointed_run(tmp_path: Path, overrides: list[str]) -> Path:
 def test_resume_refuses_a_changed_config_and_records_allowed_changes(tmp_path):
     run = _checkpointed_run(tmp_path, ["algorithm.loss=grpo"])
     original = (run / "config.yaml").read_text()
-    base = [*QUICK_RUN, f"logging.run_dir={run}"]
+    base = [*CHECKPOINTED, f"logging.run_dir={run}"]
 
     changed = load_config(None, [*base, "trainer.steps=4", "algorithm.loss=cispo"])
     with pytest.raises(ConfigError) as err:
@@ -163,11 +165,11 @@ def test_resume_a_checkpoint_saved_before_a_field_existed(tmp_path):
     saved = yaml.safe_load(saved_file.read_text())
     del saved["trainer"]["bf16_autocast"]  # as written by a cadence without the field
     saved_file.write_text(yaml.safe_dump(saved))
-    prepare_run_dir(load_config(None, [*QUICK_RUN, "trainer.steps=2", f"logging.run_dir={run}"]), resume=True)
+    prepare_run_dir(load_config(None, [*CHECKPOINTED, "trainer.steps=2", f"logging.run_dir={run}"]), resume=True)
     entries = yaml.safe_load((run / "resume_changes.yaml").read_text())
     assert list(entries[0]["changes"]) == ["trainer.bf16_autocast"]  # recorded, not refused
     with pytest.raises(ConfigError, match=r"--resume: .*trainer.bf16_autocast \(None -> True\)"):
-        prepare_run_dir(load_config(None, [*QUICK_RUN, "trainer.steps=2", f"logging.run_dir={run}",
+        prepare_run_dir(load_config(None, [*CHECKPOINTED, "trainer.steps=2", f"logging.run_dir={run}",
                                            "trainer.bf16_autocast=true"]), resume=True)
 
 
