@@ -1,6 +1,7 @@
-"""`cadence train` with agent.sandbox and agent.grader: 2 steps with an agent whose bash tool runs
-in its task sandbox through the handle, and with one that reaches its sandbox only over HTTP,
-from another process; the reward is the grader's, canaries are counted."""
+"""`cadence train` with agent.sandbox and agent.grader: 2 steps in which some agents' bash tool runs
+in their task sandbox through the handle and the others reach theirs only over HTTP, from another
+process (one train covers both: a train is most of the test's time); the reward is the grader's,
+canaries are counted."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ pytestmark = [needs_sandbox, pytest.mark.slow]
 AGENTS = '''
 import asyncio
 import sys
+from pathlib import Path
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 
@@ -53,11 +55,18 @@ async def run_over_http(client, task):
     out, _ = await tool.communicate()
     assert out.strip() == b"0", out
     return 0.0
+
+
+async def run_either(client, task):
+    """Even tasks through the handle, odd ones (and canaries) over HTTP; the way taken is logged."""
+    over_http = not task["prompt"].startswith("task ") or int(task["prompt"].split()[1].rstrip(":")) % 2
+    with open(Path(__file__).with_name("ways.log"), "a") as log:
+        print("http" if over_http else "handle", file=log)
+    return await (run_over_http if over_http else run)(client, task)
 '''
 
 
-@pytest.mark.parametrize("agent", ["run", "run_over_http"])
-def test_two_steps_with_an_agent_working_in_its_task_sandbox(tmp_path, agent):
+def test_two_steps_with_agents_working_in_their_task_sandbox_by_handle_and_over_http(tmp_path):
     source = tmp_path / "outside" / "repo_agents.py"
     source.parent.mkdir()
     source.write_text(AGENTS)
@@ -67,8 +76,8 @@ def test_two_steps_with_an_agent_working_in_its_task_sandbox(tmp_path, agent):
     run_dir = tmp_path / "run"
     cfg = load_config(None, [
         *QUICK_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "trainer.micro_batch_size=4",
-        f"agent.name=python:{source}:{agent}", "task.name=jsonl", f"task.train_file={rows}", "task.answer_field=instance_id",
-        "agent.sandbox.warm=2", f"agent.sandbox.http={agent == 'run_over_http'}", "agent.grader.scoring=fraction",
+        f"agent.name=python:{source}:run_either", "task.name=jsonl", f"task.train_file={rows}", "task.answer_field=instance_id",
+        "agent.sandbox.warm=2", "agent.sandbox.http=true", "agent.grader.scoring=fraction",
         f"agent.canaries.path={canaries}", "agent.canaries.every=2", "trainer.steps=2", f"logging.run_dir={run_dir}",
     ])
     train(cfg)
@@ -81,4 +90,5 @@ def test_two_steps_with_an_agent_working_in_its_task_sandbox(tmp_path, agent):
     assert last["agent/canary_runs_total"] >= 2 and last["agent/canary_passed_total"] == 0
     assert "agent/canary_pass_rate" in records[0] or "agent/canary_pass_rate" in last
     assert last["agent/sandboxes_acquired_total"] >= 3 * last["agent/grader_graded_total"] // 2
+    assert set((source.parent / "ways.log").read_text().split()) == {"handle", "http"}
 
