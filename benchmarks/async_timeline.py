@@ -223,6 +223,7 @@ def plot_round(before: Path, after: Path, warmup: int, out: Path) -> None:
     colours = {"waiting": "#d9d9d9", "training": "#4c72b0", "weight_sync": "#c44e52", "logging": "#8172b2",
                "generating": "#55a868", "other (checkpoint, evaluation)": "#444444"}
     fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
+    longest = 0.0
     for ax, (name, run) in zip(axes, (("before", before), ("after", after)), strict=True):
         steps = run_steps(run, warmup)
         start, end = steps[0]["t0"], steps[-1]["t1"]
@@ -239,8 +240,9 @@ def plot_round(before: Path, after: Path, warmup: int, out: Path) -> None:
         for s in steps:
             ax.axvline(s["t1"] - start, color="k", lw=0.5)
         ax.set_yticks(range(len(lanes)), list(lanes))
-        ax.set_xlim(0, None)
+        longest = max(longest, end - start)
         ax.set_title(f"{name}: {len(steps)} timed steps, {end - start:.1f} s", fontsize=9, loc="left")
+    axes[-1].set_xlim(0, longest)
     axes[-1].set_xlabel("seconds from the first timed step (vertical lines: a trainer step ends)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     fig.legend(handles, list(colours), loc="upper right", ncols=5, fontsize=8)
