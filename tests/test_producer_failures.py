@@ -22,7 +22,7 @@ def _lose(failures: Failures, n: int, kind: str = "raised") -> None:
 
 
 def test_each_kind_is_reported_once_with_its_traceback_and_counted_every_time(tmp_path, capsys):
-    log = tmp_path / "env_errors.log"
+    log = tmp_path / "run" / "logs" / "env_errors.log"  # its folders made on the first report
     failures = Failures("python:games:Broken", log=log)
     _lose(failures, 3)
     failures.record_lost(EnvFailure("timeout", "reset", "reset took longer than 5 s"), 7)
@@ -32,6 +32,7 @@ def test_each_kind_is_reported_once_with_its_traceback_and_counted_every_time(tm
     assert "environment python:games:Broken: an episode (seed 0) was lost: raised during step: step: boom 0" in text
     assert "Traceback\nValueError" in text and "(seed 7) was lost: timeout during reset" in text
     assert (failures.played, failures.lost, failures.lost_by_kind["raised"]) == (5, 4, 3)
+    assert failures.kinds == {"raised during step": 3, "timeout during reset": 1}
     health = failures.health()
     assert health["played"] == 5 and health["lost"] == 4
     assert health["first_failures"] == {"raised during step": "Traceback\nValueError\n",
@@ -79,6 +80,7 @@ def test_a_run_that_completed_a_group_never_stops_and_one_that_loses_a_tenth_goe
         failures.check()
     failures.group_ended(kept=True)
     failures.check()  # a group completed: the environment works, sometimes
+    assert (failures.health()["groups"], failures.health()["groups_dropped"]) == (1, 0)
 
 
 def test_three_groups_dropped_before_any_completed_stop_the_run():
@@ -87,5 +89,6 @@ def test_three_groups_dropped_before_any_completed_stop_the_run():
         failures.group_ended(kept=False)
     failures.check()
     failures.group_ended(kept=False)
-    with pytest.raises(ProducerFailing, match=r"env.name=e: 0 of 0 episodes were lost .*\(3 dropped\); most often lost"):
+    with pytest.raises(ProducerFailing, match=r"env.name=e: 0 of 0 episodes were lost .*\(3 dropped\); most often lost: \. "
+                       r"The first failure of each kind is in the output above; fix the environment"):
         failures.check()
