@@ -49,3 +49,35 @@ def test_parity_summary_and_table(tmp_path, monkeypatch):
     bench.write_doc(summary, steps=100, seeds=[0, 1, 2])
     text = doc.read_text()
     assert "| async (alpha=2) | 0.600 | 0.980 ± 0.010 | 0.970, 0.990, 0.980 | -1.0 points | 1.50 | 50 |" in text
+
+
+def test_timeline_of_a_kept_run(tmp_path):
+    """async_timeline.py reads one timed step: the trainer's split, the engine's shares and a group's delay."""
+    import json
+
+    timeline = load_benchmark("async_timeline")
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    metrics = [{"step": s, "time/step": 10.0, "train/seconds": 4.0, "rollout/engine_steps": 100.0 * s,
+                "rollout/engine_busy_s": 6.0 * s, "rollout/samples_total": 150.0 * s, "train/staleness_mean": 1.0,
+                "buffer/dropped_groups": 0.0} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    spans = [("waiting", 0, 5), ("training", 5, 9), ("weight_sync", 9, 9.5), ("logging", 9.5, 10)]
+    trainer = [{"state": s, "t0": 10 * (step - 1) + a, "t1": 10 * (step - 1) + b, "step": step}
+               for step in (1, 2) for s, a, b in spans]
+    (run / "events" / "trainer.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trainer))
+    (run / "events" / "rollout-0.jsonl").write_text(
+        json.dumps({"state": "weight_sync", "t0": 9.5, "t1": 11.5}) + "\n"
+        + json.dumps({"state": "generating", "t0": 11.5, "t1": 20}) + "\n")
+    probe = [{"e": "swap", "t0": 9.5, "t1": 11.5, "cpu": 1.0, "version": 1},
+             {"e": "add", "t": 11.5, "id": "7/0"},
+             *({"e": "step", "t0": 12 + i, "t1": 12.5 + i, "cpu": 0.25, "running": 8, "waiting": 2,
+                "done": ["7/0"] if i == 3 else []} for i in range(8)),
+             {"e": "put", "t": 15.7, "group": 7, "version": 1}]
+    (run / "events" / "groups-1.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probe))
+    row = timeline.per_run(run, warmup=1)
+    assert row["trainer_wait_s"] == 5 and row["train_s"] == 4 and row["rollout_generating_s"] == 8.5
+    assert row["engine_steps"] == 100 and row["samples_per_engine_step"] == 1.5
+    assert row["engine_step_share"] == pytest.approx(0.4) and row["engine_rows_mean"] == 8
+    assert row["answer_to_buffer_ms"] == pytest.approx(200.0)  # last answer at 15.5, in the buffer at 15.7
+    assert row["engine_cpu_share"] == pytest.approx(0.5) and row["engine_cpu_ms_per_sample"] == pytest.approx(2000.0)
