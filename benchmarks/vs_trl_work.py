@@ -113,7 +113,7 @@ def train_prompts(cfg: Any, steps: int) -> list[Any]:
 
     n = steps * PROMPTS_PER_STEP
     stream = PromptStream(build_task(cfg.task).prompts("train", n, SEED), SEED)
-    return [stream.next() for _ in range(n)]
+    return [stream.at(position) for position in range(n)]
 
 
 def held_out_accuracy(setting: Setting, model_path: str, threads: int) -> float:
