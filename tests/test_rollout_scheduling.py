@@ -25,6 +25,7 @@ from cadence.rollout.sample import Group, Sample
 from cadence.rollout.worker import RolloutWorker
 from cadence.runtime.actors import Local
 from cadence.runtime.placement import WorkerGroup, join_parts
+from tests.inference.hub_probe import in_flight
 
 
 @dataclass
@@ -46,7 +47,7 @@ class _CountingHub(InferenceHub):
         self.held: list[int] = []
 
     async def pump(self) -> bool:
-        self.held.append(self.load()[0])
+        self.held.append(in_flight(self)[0])
         return await super().pump()
 
 
