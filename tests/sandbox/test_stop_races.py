@@ -36,11 +36,15 @@ def test_a_release_while_the_replacement_starts_stops_the_replacement():
 
     try:
         sandbox_id = pool.acquire().id
-        os.killpg(pool.box(sandbox_id).proc.pid, signal.SIGKILL)
+        proc = pool.box(sandbox_id).proc
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
         pool._start_box = start_after_the_release
         health = threading.Thread(target=pool.check)  # sees it dead, starts a replacement
         health.start()
-        while not started and pool.get(sandbox_id).state != "starting":
+        deadline = time.monotonic() + 30
+        while pool.get(sandbox_id).state != "starting":
+            assert time.monotonic() < deadline, pool.get(sandbox_id)
             threading.Event().wait(0.01)
         pool.release(sandbox_id, "agent run ended")
         release_done.set()
