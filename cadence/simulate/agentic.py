@@ -21,6 +21,7 @@ and the turn format (lengths without text) are the simulator's own.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 from cadence.envs.latency import with_latency
 from cadence.envs.runner import EnvRunner
@@ -117,13 +118,18 @@ class AgenticSim(ClusterSim):
         return sim_worker(index, hub, producer, quota, cfg.cluster.alpha, arrived, extra=env.extra_groups)
 
     def _counts(self) -> dict[str, float]:
-        counts: dict[str, float] = {}
+        """Episodes, lost ones by kind, retries, cancels, groups and turns, summed over workers."""
+        counts: Counter[str] = Counter()
         for worker in self.workers:
-            rollout = worker.producer
-            for key, value in rollout.counts.items():  # type: ignore[attr-defined]
-                counts[key] = counts.get(key, 0) + value
-            counts["turns"] = counts.get("turns", 0) + rollout.turn_total  # type: ignore[attr-defined]
-        return counts
+            producer = worker.producer
+            failures = producer.failures  # type: ignore[attr-defined]
+            counts.update({
+                "episodes": failures.played, "retried": failures.retried, "cancelled": failures.cancelled,
+                "groups": failures.groups_done, "groups_dropped": failures.groups_dropped,
+                "groups_stale": producer.stale_cancelled, "turns": producer.turn_total,  # type: ignore[attr-defined]
+            })
+            counts.update({f"lost/{kind}": n for kind, n in failures.lost_by_kind.items()})
+        return {key: float(n) for key, n in counts.items()}
 
 
 def simulate_agentic(cfg: SimConfig) -> SimResult:
