@@ -83,9 +83,13 @@ def install_group_probe() -> None:
     wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting), time.thread_time()),
          lambda e, seen, t0, done: log(e="step", t0=t0, t1=time.time(), cpu=time.thread_time() - seen[2],
                                        running=seen[0], waiting=seen[1], done=[r.request_id for r in done]))
-    wrap(EmbeddedEngine, "update_weights", lambda e, sd, version: time.thread_time(),
-         lambda e, cpu0, t0, r, sd, version: log(e="swap", t0=t0, t1=time.time(), cpu=time.thread_time() - cpu0,
-                                                  version=version))
+    # rows, tokens: the running rows and their total length (prompt + generated) at the swap, the
+    # prefill the swap's cache recompute does.
+    wrap(EmbeddedEngine, "update_weights",
+         lambda e, sd, version: (time.thread_time(), len(e._running),
+                                 sum(len(s.req.prompt_ids) + len(s.tokens) for s in e._running)),
+         lambda e, seen, t0, r, sd, version: log(e="swap", t0=t0, t1=time.time(), cpu=time.thread_time() - seen[0],
+                                                 version=version, rows=seen[1], tokens=seen[2]))
     wrap(SampleBuffer, "put", lambda b, g: None,
          lambda b, _, t0, r, g: log(e="put", t=t0, group=g.group_id, version=g.version))
     wrap(SampleBuffer, "evict_stale", lambda b, v: [g.group_id for g in b._groups],
@@ -147,6 +151,7 @@ GROUP_FIELDS = (
     "engine_step_share", "engine_swap_share", "engine_gap_share", "engine_rows_mean", "engine_waiting_mean",
     "swaps", "swap_s", "push_to_swap_s", "answer_to_buffer_ms", "group_add_to_buffer_s",
     "engine_cpu_per_step_ms", "engine_cpu_share", "swap_cpu_s", "engine_cpu_ms_per_sample",
+    "swap_rows", "swap_tokens", "swap_cpu_ms_per_1k_tokens",
 )
 
 
@@ -183,7 +188,17 @@ def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
         "answer_to_buffer_ms": 1e3 * statistics.median(to_buffer) if to_buffer else float("nan"),
         "group_add_to_buffer_s": statistics.median(add_to_buffer) if add_to_buffer else float("nan"),
         **(cpu_fields(steps, swaps, step_s) if all("cpu" in r for r in steps + swaps) else {}),
+        **(swap_fields(swaps) if swaps and all("tokens" in r for r in swaps) else {}),
     }
+
+
+def swap_fields(swaps: list[dict]) -> dict[str, float]:
+    """What a swap recomputes: the running rows and their total length (a prefill of all of them),
+    and the swap's CPU per 1k of those tokens (its cost with the length taken out)."""
+    tokens = sum(r["tokens"] for r in swaps)
+    return {"swap_rows": statistics.median(r["rows"] for r in swaps),
+            "swap_tokens": statistics.median(r["tokens"] for r in swaps),
+            "swap_cpu_ms_per_1k_tokens": 1e6 * sum(r["cpu"] for r in swaps) / max(tokens, 1)}
 
 
 def cpu_fields(steps: list[dict], swaps: list[dict], step_s: float) -> dict[str, float]:
