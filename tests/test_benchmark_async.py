@@ -69,7 +69,7 @@ def test_timeline_of_a_kept_run(tmp_path):
     (run / "events" / "rollout-0.jsonl").write_text(
         json.dumps({"state": "weight_sync", "t0": 9.5, "t1": 11.5}) + "\n"
         + json.dumps({"state": "generating", "t0": 11.5, "t1": 20}) + "\n")
-    probe = [{"e": "swap", "t0": 9.5, "t1": 11.5, "cpu": 1.0, "version": 1, "rows": 4, "tokens": 2000},
+    probe = [{"e": "swap", "t0": 9.5, "t1": 11.5, "cpu": 1.0, "version": 1},
              {"e": "add", "t": 11.5, "id": "7/0"},
              *({"e": "step", "t0": 12 + i, "t1": 12.5 + i, "cpu": 0.25, "running": 8, "waiting": 2,
                 "done": ["7/0"] if i == 3 else []} for i in range(8)),
@@ -81,6 +81,6 @@ def test_timeline_of_a_kept_run(tmp_path):
     assert row["engine_step_share"] == pytest.approx(0.4) and row["engine_rows_mean"] == 8
     assert row["answer_to_buffer_ms"] == pytest.approx(200.0)  # last answer at 15.5, in the buffer at 15.7
     assert row["engine_cpu_share"] == pytest.approx(0.5) and row["engine_cpu_ms_per_sample"] == pytest.approx(2000.0)
-    # the swap recomputed 4 rows of 2000 tokens in all: 1 CPU s is 500 ms per 1k tokens
-    assert row["swap_rows"] == 4 and row["swap_tokens"] == 2000
-    assert row["swap_cpu_ms_per_1k_tokens"] == pytest.approx(500.0)
+    # two swaps recomputed 4 and 6 rows of 2000 and 3000 tokens: 2.5 CPU s is 500 ms per 1k tokens
+    swaps = timeline.swap_fields([{"cpu": 1.0, "rows": 4, "tokens": 2000}, {"cpu": 1.5, "rows": 6, "tokens": 3000}])
+    assert swaps == {"swap_rows": 5, "swap_tokens": 2500, "swap_cpu_ms_per_1k_tokens": pytest.approx(500.0)}
