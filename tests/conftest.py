@@ -1,6 +1,9 @@
-"""Shared fixtures: small HF checkpoints built from a config, one torch thread."""
+"""Shared fixtures: small HF checkpoints built from a config, one torch thread; the suite's order
+and isolation for two parallel workers (pytest-xdist, the README's test command)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -9,6 +12,21 @@ from tests.tiny_models import save_tiny
 
 # Two cores: oversubscribed torch threads make small matmuls many times slower.
 torch.set_num_threads(1)
+# A bare ray.init() (runtime.address unset) joins the latest cluster on this machine: with two
+# workers, that is the cluster another test started, and may be about to kill. Every test that does
+# not name a cluster gets a fresh local one (the processes it starts inherit this).
+os.environ["RAY_ADDRESS"] = "local"
+# Idle OpenMP threads sleep instead of spinning: two workers share the cores, and one test's
+# spinning torch threads would take the core the other test computes on.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with end-to-end (slow) tests first, each file in its own order. pytest-xdist deals
+    whole files out in this order (--dist loadfile), so the long ones start early and the workers
+    end together on short ones instead of one finishing a long file alone."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.fixture(scope="session")
