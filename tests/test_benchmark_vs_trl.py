@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -268,6 +269,20 @@ def test_write_outputs(bench, tmp_path):
     bench.write_outputs(results, *paths[:2], fresh)
     assert fresh.read_text().lstrip().startswith(start)
 
+    # Two settings: a table each between its own markers, a panel each in one plot.
+    from PIL import Image
+
+    one_panel = Image.open(paths[1]).size[0]
+    chain = copy.deepcopy(results["settings"]["arith"])
+    chain["config"]["max_new_tokens"] = 352
+    results["settings"]["chain"] = chain
+    bench.write_outputs(results, *paths)
+    text = doc.read_text()
+    assert text.count(start) == 1 and text.count("<!-- vs-trl-chain-table-start -->") == 1
+    assert "Setting `arith`" in text and "Setting `chain`" in text
+    assert json.loads(paths[0].read_text())["settings"]["chain"]["config"]["max_new_tokens"] == 352
+    assert Image.open(paths[1]).size[0] > one_panel
+
 
 # ----------------------------------------------------------------------------- end to end
 
@@ -280,26 +295,27 @@ def test_quick_run_end_to_end(tmp_path):
 
     before = stamps()
     out = tmp_path / "out"
+    # One setting end to end: chain, the one with a warm-up SFT to make and long answers (arith's
+    # start model is the built-in one). Two settings in one report: test_write_outputs.
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--steps", "2", "--out", str(out)],  # 2: a step less of 6 runs
+        [sys.executable, str(SCRIPT), "--quick", "--steps", "2", "--settings", "chain", "--out", str(out)],
         capture_output=True, text=True, timeout=1500, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "vs_trl.json").read_text())
-    block = results["settings"]["arith"]
-    assert [r["run"] for r in block["runs"]] == ["trl", "cadence-sync", "cadence-async"]
-    for r in block["runs"]:
+    assert list(results["settings"]) == ["chain"]
+    chain = results["settings"]["chain"]
+    assert [r["run"] for r in chain["runs"]] == ["trl", "cadence-sync", "cadence-async"]
+    for r in chain["runs"]:
         assert r["steps"] == 2 and r["samples"] == 2 * 128 and len(r["curve"]) == 2
         assert 0.0 <= r["accuracy"] <= 1.0 and r["samples_per_s"] > 0 and r["tokens_per_s"] > 0
         assert r["peak_rss_bytes"] > 100 * MiB and r["total_seconds"] >= r["train_seconds"]
-    assert block["runs"][2]["max_processes"] > 2  # Ray's processes are in the tree
+        assert r["ratios_to_trl"]["samples_per_s"] > 0
+    assert chain["runs"][2]["max_processes"] > 2  # Ray's processes are in the tree
     assert results["versions"]["trl"] and results["machine"]["cpus_used"] == 2
-    assert not block["runs"][0]["settings"]["vllm_imported"]
-    chain = results["settings"]["chain"]
-    assert [r["run"] for r in chain["runs"]] == ["trl", "cadence-sync", "cadence-async"]
+    assert not chain["runs"][0]["settings"]["vllm_imported"]
     assert chain["config"]["max_new_tokens"] == 352 and "runs/bench-vs-trl" not in chain["config"]["model"]
-    assert all(r["steps"] == 2 and r["ratios_to_trl"]["samples_per_s"] > 0 for r in chain["runs"])
     assert (out / "vs_trl.png").read_bytes()[:4] == b"\x89PNG"
     doc = (out / "vs_trl.md").read_text()
-    assert "TRL GRPOTrainer" in doc and "Setting `chain`" in doc and "Setting `arith`" in doc
+    assert "TRL GRPOTrainer" in doc and "Setting `chain`" in doc
     assert stamps() == before, "--quick wrote under docs/"
