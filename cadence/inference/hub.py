@@ -19,7 +19,9 @@ step, and its caller resumes the moment its last token is out.
   requests and aborts reach their replicas, then each replica with work does
   one `step()`. Engines are driven from one thread at a time, so requests and
   aborts that arrive during a step wait in the hub until the round ends.
-  `serve()` pumps until stopped and sleeps while no replica has work.
+  `serve()` pumps until stopped and sleeps while no replica has work;
+  between two rounds it lets the callers a round resumed run to their
+  next await (score, join the group, reach the buffer) before the next step.
   Replicas step one after the other in the loop's thread by default: on CPU
   that keeps torch in one thread team, and the torch op releases nothing the
   event loop could use anyway. `parallel=True` steps them in worker threads
@@ -57,6 +59,7 @@ from cadence.inference.types import GenRequest, GenResult, InferenceEngine
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+SETTLE_ROUNDS = 8  # loop rounds between two engine steps (InferenceHub._let_callers_run)
 
 
 class EngineFailed(RuntimeError):
@@ -222,7 +225,7 @@ class InferenceHub:
         try:
             while not stop.is_set():
                 if await self.pump():
-                    await asyncio.sleep(0)  # let callers whose results came in run (and submit more)
+                    await self._let_callers_run()
                     continue
                 self._work.clear()
                 if self._queued():
@@ -234,6 +237,17 @@ class InferenceHub:
                 working.cancel()
         finally:
             self._work = self._work_loop = None
+
+    @staticmethod
+    async def _let_callers_run() -> None:
+        """Yield the loop SETTLE_ROUNDS times before the next step, so that what a round's results
+        set off runs now, not one engine step per hop: a finished answer's caller scores it (a
+        batch sent to the reward workers), the outcome comes back (it arrived during the step),
+        the answer joins its group, the group's gather ends, the group reaches the buffer. With
+        one yield a group reached the buffer 5-6 engine steps after its last answer (docs/results.md,
+        issue 36); an idle round costs microseconds against a step's milliseconds."""
+        for _ in range(SETTLE_ROUNDS):
+            await asyncio.sleep(0)
 
     async def serving(self, coro: Awaitable[T]) -> T:
         """Await `coro` while this hub serves (for callers with no serve() of their own)."""

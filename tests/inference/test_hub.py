@@ -134,6 +134,32 @@ def test_serve_sleeps_while_idle_and_wakes_for_a_late_request():
     assert len(first.token_ids) == len(second.token_ids) == 3
 
 
+def test_what_a_result_sets_off_runs_before_the_next_engine_step():
+    """A finished answer's caller goes through several loop hops (score it as a batch, join the
+    group's gather, hand the group on) while other requests still decode: all of them run
+    between two engine steps, so the group is handed on in the step its last answer ended."""
+    engine = mock(length_dist="fixed", median_tokens=20)
+    hub = InferenceHub([engine])
+
+    async def answer() -> tuple[int, int]:
+        await hub.generate(req(0, max_new_tokens=3))
+        ended = engine.stats()["decode_steps"]
+        loop = asyncio.get_running_loop()
+        scored = loop.create_future()
+        loop.call_soon(scored.set_result, 1.0)  # the scorer's batch goes out on the next loop round
+        await scored
+        await asyncio.gather(asyncio.sleep(0), asyncio.sleep(0))  # the group's answers
+        await asyncio.sleep(0)  # the group task hands it on
+        return ended, engine.stats()["decode_steps"]
+
+    async def main():
+        return await asyncio.gather(answer(), hub.generate(req(1)))
+
+    (ended, handed_on), long = asyncio.run(hub.serving(main()))
+    assert len(long.token_ids) == 20 and ended < 20  # the other request kept the engine stepping
+    assert handed_on == ended
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_hub_results_equal_the_engines_own(tiny_llama_dir, temperature):
     """The hub adds routing, not behaviour: same requests, same engine seed, same tokens."""
