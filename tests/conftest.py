@@ -4,6 +4,7 @@ and isolation for two parallel workers (pytest-xdist, the README's test command)
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -19,6 +20,17 @@ os.environ["RAY_ADDRESS"] = "local"
 # Idle OpenMP threads sleep instead of spinning: two workers share the cores, and one test's
 # spinning torch threads would take the core the other test computes on.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_left_connected():
+    """A test file whose in-process train joined Ray (runtime.kind=ray) leaves it connected: a
+    run never disconnects, its process ends anyway. The next file's own ray.init would fail
+    ("called ray.init twice"), depending on which files a worker happened to run before it."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
