@@ -1,5 +1,5 @@
-"""Shared fixtures: small HF checkpoints built from a config, one torch thread; the suite's order
-and isolation for two parallel workers (pytest-xdist, the README's test command)."""
+"""Shared fixtures: small HF checkpoints built from a config, one torch thread; Ray isolation
+between tests (and between pytest-xdist workers, `pytest -n 2 --dist loadfile`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ torch.set_num_threads(1)
 # workers, that is the cluster another test started, and may be about to kill. Every test that does
 # not name a cluster gets a fresh local one (the processes it starts inherit this).
 os.environ["RAY_ADDRESS"] = "local"
-# Idle OpenMP threads sleep instead of spinning: two workers share the cores, and one test's
-# spinning torch threads would take the core the other test computes on.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -31,14 +28,6 @@ def _no_ray_left_connected():
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with end-to-end (slow) tests first, each file in its own order. pytest-xdist deals
-    whole files out in this order (--dist loadfile), so the long ones start early and the workers
-    end together on short ones instead of one finishing a long file alone."""
-    heavy = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.fixture(scope="session")
