@@ -240,10 +240,10 @@ def make_repo(folder: Path) -> Path:
     return folder
 
 
-def left_behind(ids: set[str]) -> dict[str, list]:
-    """What our sandboxes left: bwrap children of this process, cgroups and temp folders named by our ids."""
+def bwrap_children() -> set[int]:
+    """The bwrap processes whose parent is this process."""
     me = str(os.getpid())
-    bwrap = []
+    bwrap = set()
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as f:
@@ -253,7 +253,14 @@ def left_behind(ids: set[str]) -> dict[str, list]:
         except OSError:
             continue
         if fields[1] == me and argv0.endswith(b"bwrap"):
-            bwrap.append(int(stat.split("/")[2]))
+            bwrap.add(int(stat.split("/")[2]))
+    return bwrap
+
+
+def left_behind(ids: set[str], before: set[int] = frozenset()) -> dict[str, list]:
+    """What our sandboxes left: bwrap children of this process not in `before` (those that ran before the
+    benchmark started, e.g. an earlier test's in the same process), cgroups and temp folders named by our ids."""
+    bwrap = sorted(bwrap_children() - before)
     parents = set(cgroup._layout()[1].values())
     cgroups = [d for p in parents for d in glob.glob(os.path.join(p, cgroup.PREFIX + "*"))
                if os.path.basename(d)[len(cgroup.PREFIX):].split("-")[0] in ids]
@@ -287,6 +294,7 @@ async def play_all(plan: Plan, folder: Path) -> dict:
     from cadence.models.loading import load_policy, load_tokenizer
 
     torch.set_num_threads(1)
+    before = bwrap_children()
     tok = load_tokenizer("builtin:calc")
     hub = InferenceHub([EmbeddedEngine(load_policy("builtin:calc").eval(), tok, max_batch_size=32, seed=plan.seed)])
     rows = [{"prompt": "add(a, b) should return the sum; fix calc.py", "instance_id": f"calc-{i}",
@@ -329,12 +337,12 @@ async def play_all(plan: Plan, folder: Path) -> dict:
     finally:
         await producer.endpoint.stop()
         await sandboxes.close()
-    leftover = left_behind(faults.ids)
-    for _ in range(50):  # a stop still reaping its processes
+    leftover = left_behind(faults.ids, before)
+    for _ in range(300):  # a stop still reaping its processes: seconds on a loaded machine
         if not any(leftover.values()):
             break
         await asyncio.sleep(0.1)
-        leftover = left_behind(faults.ids)
+        leftover = left_behind(faults.ids, before)
     leaked_ids = {os.path.basename(c)[len(cgroup.PREFIX):].split("-")[0] for c in leftover["cgroups"]}
     leftover["events_of_leaked"] = [[e["sandbox_id"], e["generation"], e["state"], e["reason"][:120]]
                                     for e in end["history"] if e["sandbox_id"] in leaked_ids]

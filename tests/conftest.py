@@ -1,5 +1,5 @@
-"""Shared fixtures: small HF checkpoints built from a config, one torch thread; Ray isolation
-between tests (and between pytest-xdist workers, `pytest -n 2 --dist loadfile`)."""
+"""Shared fixtures: small HF checkpoints built from a config, one torch thread; the suite's order
+and isolation for two parallel workers (pytest-xdist, the README's test command)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def _no_ray_left_connected():
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files that start a vLLM engine or hold end-to-end (slow) tests first, each file in its own
+    order. pytest-xdist deals whole files out in this order (the README's `--dist loadfile`), so the
+    long ones start early and the workers end together on short ones instead of one finishing a
+    long file alone."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("vllm")}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,13 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _client_server_logs(head) -> str:
+    """The last lines of every ray_client_server* log of the head."""
+    logs = Path(head.head_node.get_logs_dir_path())
+    return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-30:])
+                     for f in sorted(logs.glob("ray_client_server*")))
 
 
 @pytest.mark.slow
@@ -32,11 +40,14 @@ def test_a_run_trains_through_ray_client(tmp_path):
                              f"runtime.address=ray://127.0.0.1:{port}", "runtime.rollout_cpus=1", "runtime.threads=1",
                              "logging.events=false", f"logging.run_dir={run}"])
     try:
-        train(cfg)
+        try:
+            train(cfg)
+        except RuntimeError as err:  # the head's client-server logs say why a server did not start
+            raise AssertionError(f"{err}\n{_client_server_logs(head)}") from err
         assert ray.util.client.ray.is_connected()  # the run went through the client, not a local Ray
     finally:
         ray.shutdown()
         head.shutdown()
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
-    assert all(s["rollout/samples"] > 0 for s in steps) if "rollout/samples" in steps[0] else True
+    assert 0 < steps[0]["progress/samples_total"] < steps[1]["progress/samples_total"]  # each step trained samples
