@@ -52,8 +52,10 @@ def test_a_cuda_trainer_asks_one_gpu_per_rank_unless_trainer_gpus_says():
 
 
 def _records(run: Path) -> list[dict]:
+    """The run's metrics log so far: whole lines only, as the trainer may be writing one."""
     path = run / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -113,8 +113,10 @@ def ray_head():
 
 
 def _steps(run: Path) -> list[int]:
+    """The steps of the run's metrics log so far: whole lines only, as the trainer may be writing one."""
     path = run / "metrics.jsonl"
-    return [json.loads(x)["step"] for x in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x)["step"] for x in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def _trainer(sup: psutil.Process) -> psutil.Process | None:
