@@ -36,6 +36,9 @@ STEP_FIELDS = (
 
 
 GROUPS_ENV = "ASYNC_BENCH_GROUP_TIMELINE"  # the folder the probe writes to, in every process of a run
+# Seconds the probe holds back each weight push of the trainer (unset: none). It tests a cause:
+# does a later push, with fewer rows left running at the swap, make the run faster?
+PUSH_DELAY_ENV = "ASYNC_BENCH_PUSH_DELAY_S"
 
 
 def install_group_probe() -> None:
@@ -95,6 +98,12 @@ def install_group_probe() -> None:
     wrap(SampleBuffer, "evict_stale", lambda b, v: [g.group_id for g in b._groups],
          lambda b, seen, t0, n, v: n and log(e="stale", t=t0, trainer_version=v,
                                              groups=sorted(set(seen) - {g.group_id for g in b._groups})))
+    delay = float(os.environ.get(PUSH_DELAY_ENV) or 0)
+    if delay > 0:  # an experiment, not a measurement: the trainer's push held back (results.md, session 17)
+        from cadence.runtime.placement import WorkerGroup
+
+        wrap(WorkerGroup, "update_weights", lambda g, sd, version: time.sleep(delay),
+             lambda g, _, t0, r, sd, version: log(e="push", t=t0, version=version, delay_s=delay))
     wrap(SampleBuffer, "get_batch", lambda b, *a: None,
          lambda b, _, t0, batch, n, v: log(e="batch", t=time.time(), trainer_version=v,
                                            groups=[g.group_id for g in batch]))

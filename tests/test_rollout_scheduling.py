@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -424,3 +425,29 @@ def test_the_guard_scorer_sends_a_rounds_answers_as_one_batch_and_hands_each_its
     first, (failed, fine) = asyncio.run(main())
     assert [o.reward for o in first] == [1.0, 2.0, 3.0] and guard.batches == [3, 2]
     assert isinstance(failed, RuntimeError) and fine.reward == 2.0  # a broken guard fails its answer, not hangs
+
+
+def test_the_rollout_timeline_spans_each_weight_swap_itself(mock_worker, tmp_path):
+    """The rollout's weight_sync span covers the engine's swap (between engine steps, in the hub),
+    not the moment the trainer's push arrived: a timeline shows where generation stopped."""
+    from cadence.observe.events import Timeline
+
+    worker = mock_worker(alpha=1)
+    worker.timeline = Timeline(tmp_path, "rollout-0")
+    swaps, swap = [], worker.engine.update_weights
+
+    def slow_swap(state_dict: dict, version: int) -> None:
+        t0 = time.time()
+        time.sleep(0.05)
+        swap(state_dict, version)
+        swaps.append((t0, time.time()))
+
+    worker.engine.update_weights = slow_swap
+    _train(worker, range(4))
+    worker.get_batch(4)
+    worker.timeline.close()
+    spans = [json.loads(x) for x in (tmp_path / "events" / "rollout-0.jsonl").read_text().splitlines()]
+    synced = [(s["t0"], s["t1"]) for s in spans if s.get("state") == "weight_sync"]
+    assert len(synced) == len(swaps) >= 1  # pushes queued before a swap go in as one: the newest
+    for (t0, t1), (s0, s1) in zip(synced, swaps, strict=True):
+        assert t0 <= s0 + 1e-3 and s1 - 1e-3 <= t1  # spans are written to 0.1 ms

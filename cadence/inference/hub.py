@@ -88,6 +88,7 @@ class InferenceHub:
         self.parallel = parallel
         self.interrupt = interrupt
         self._force_swap = False
+        self.before_swap: Callable[[], None] | None = None  # told as weights start going in (the loop's thread)
         self.on_swap: Callable[[], None] | None = None  # told after weights went in (in the loop's thread)
         self._futures: dict[str, asyncio.Future[GenResult]] = {}
         self._where: dict[str, _Replica] = {}
@@ -184,6 +185,8 @@ class InferenceHub:
             new, self._new_weights = self._new_weights, None
         if new is not None:
             state_dict, version = new
+            if self.before_swap is not None:
+                self.before_swap()
             for replica in self.replicas:
                 replica.engine.update_weights(state_dict, version)
             if self.on_swap is not None:

@@ -108,7 +108,10 @@ class RolloutWorker:
     ) -> None:
         self.producer = producer
         self.hub = hub
-        self.hub.on_swap = self._poke  # a swap that waited for requests in flight opens admission
+        # The swap itself is the rollout's weight_sync span; a swap that waited for requests in
+        # flight opens admission.
+        self.hub.before_swap = lambda: self.timeline.enter("weight_sync")
+        self.hub.on_swap = self._swapped
         self.engine = hub.replicas[0].engine
         self.quota = quota
         self.alpha = alpha
@@ -174,8 +177,11 @@ class RolloutWorker:
         if self._changed is not None:
             self._changed.set()
 
+    def _swapped(self) -> None:
+        self.timeline.enter("generating" if self._tasks else "waiting")
+        self._poke()
+
     def _weights_arrived(self, version: int) -> None:
-        self.timeline.enter("weight_sync")
         self.version = version
         self.swaps += 1
         # Extra groups still open this late could only be dropped as stale: cancel them.
