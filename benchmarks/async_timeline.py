@@ -39,6 +39,9 @@ GROUPS_ENV = "ASYNC_BENCH_GROUP_TIMELINE"  # the folder the probe writes to, in 
 # Seconds the probe holds back each weight push of the trainer (unset: none). It tests a cause:
 # does a later push, with fewer rows left running at the swap, make the run faster?
 PUSH_DELAY_ENV = "ASYNC_BENCH_PUSH_DELAY_S"
+# Set: the answers a loop round finished are scored with the loop, and so the engine, waiting for
+# them, as d5543f8 scored (today they are scored in the reward workers while the engine steps).
+INLINE_SCORING_ENV = "ASYNC_BENCH_INLINE_SCORING"
 
 
 def install_group_probe() -> None:
@@ -98,6 +101,17 @@ def install_group_probe() -> None:
     wrap(SampleBuffer, "evict_stale", lambda b, v: [g.group_id for g in b._groups],
          lambda b, seen, t0, n, v: n and log(e="stale", t=t0, trainer_version=v,
                                              groups=sorted(set(seen) - {g.group_id for g in b._groups})))
+    if os.environ.get(INLINE_SCORING_ENV):  # an experiment: score with the loop (and the engine) waiting
+        from cadence.rollout.rlvr import GuardScorer
+
+        def score_inline(scorer: GuardScorer, loop: object) -> None:
+            batch, scorer._batch = scorer._batch, []
+            outcomes = scorer.guard.score([(p, r) for p, r, _ in batch])
+            for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(outcome)
+
+        GuardScorer._send = score_inline
     delay = float(os.environ.get(PUSH_DELAY_ENV) or 0)
     if delay > 0:  # an experiment, not a measurement: the trainer's push held back (results.md, session 17)
         from cadence.runtime.placement import WorkerGroup
@@ -161,6 +175,7 @@ GROUP_FIELDS = (
     "swaps", "swap_s", "push_to_swap_s", "answer_to_buffer_ms", "group_add_to_buffer_s",
     "engine_cpu_per_step_ms", "engine_cpu_share", "swap_cpu_s", "engine_cpu_ms_per_sample",
     "swap_rows", "swap_tokens", "swap_cpu_ms_per_1k_tokens",
+    "queue_empty_s", "drain_s", "drain_steps", "step_cpu_ms_under_8_rows", "step_cpu_ms_56_to_63_rows",
 )
 
 
@@ -198,7 +213,31 @@ def run_groups(run: Path, t0: float, t1: float) -> dict[str, float]:
         "group_add_to_buffer_s": statistics.median(add_to_buffer) if add_to_buffer else float("nan"),
         **(cpu_fields(steps, swaps, step_s) if all("cpu" in r for r in steps + swaps) else {}),
         **(swap_fields(swaps) if swaps and all("tokens" in r for r in swaps) else {}),
+        **cycle_fields(steps, swaps),
     }
+
+
+def cycle_fields(steps: list[dict], swaps: list[dict]) -> dict[str, float]:
+    """Each cycle from one swap to the next: how long the engine took to give every queued request
+    a slot (queue_empty_s, from the swap's end), then how long and how many steps it ran on the
+    rows left (the drain, up to the next swap, whose rows it recomputes); and the CPU of one engine
+    step at nearly the same batch (few rows, a full one), which the number of rows does not explain."""
+    cycles = []
+    for a, b in zip(swaps, swaps[1:], strict=False):
+        inside = [r for r in steps if a["t1"] <= r["t0"] and r["t1"] <= b["t0"]]
+        dry = next((r for r in inside if r["waiting"] == 0), None)
+        if dry is not None:
+            cycles.append((dry["t0"] - a["t1"], b["t0"] - dry["t0"], sum(r["t0"] >= dry["t0"] for r in inside)))
+    out = {}
+    if cycles:
+        out.update({"queue_empty_s": statistics.median(c[0] for c in cycles),
+                    "drain_s": statistics.median(c[1] for c in cycles),
+                    "drain_steps": statistics.median(c[2] for c in cycles)})
+    for name, low, high in (("step_cpu_ms_under_8_rows", 0, 8), ("step_cpu_ms_56_to_63_rows", 56, 64)):
+        cpu = [r["cpu"] for r in steps if "cpu" in r and low <= r["running"] < high]
+        if cpu:
+            out[name] = 1e3 * statistics.median(cpu)
+    return out
 
 
 def swap_fields(swaps: list[dict]) -> dict[str, float]:

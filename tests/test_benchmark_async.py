@@ -84,3 +84,23 @@ def test_timeline_of_a_kept_run(tmp_path):
     # two swaps recomputed 4 and 6 rows of 2000 and 3000 tokens: 2.5 CPU s is 500 ms per 1k tokens
     swaps = timeline.swap_fields([{"cpu": 1.0, "rows": 4, "tokens": 2000}, {"cpu": 1.5, "rows": 6, "tokens": 3000}])
     assert swaps == {"swap_rows": 5, "swap_tokens": 2500, "swap_cpu_ms_per_1k_tokens": pytest.approx(500.0)}
+
+
+def test_cycle_fields_split_each_swap_to_swap_cycle_into_queue_and_drain():
+    cycle_fields = load_benchmark("async_timeline").cycle_fields
+
+    def step(t0: float, running: int, waiting: int, cpu: float) -> dict:
+        return {"t0": t0, "t1": t0 + 0.1, "running": running, "waiting": waiting, "cpu": cpu}
+
+    swaps = [{"t0": 0.0, "t1": 0.5}, {"t0": 2.0, "t1": 2.2}, {"t0": 4.2, "t1": 4.3}]
+    # cycle 1: queued until the step at 1.0, then 3 steps on the rows left until the swap at 2.0
+    # cycle 2: queued until 3.2, then 2 steps; a step straddling a swap belongs to no cycle
+    steps = [step(0.5, 60, 20, 0.03), step(1.0, 7, 0, 0.005), step(1.3, 5, 0, 0.007), step(1.6, 3, 0, 0.006),
+             step(1.95, 2, 0, 0.006), step(2.2, 62, 9, 0.031), step(3.2, 4, 0, 0.009), step(3.5, 1, 0, 0.004)]
+    fields = cycle_fields(steps, swaps)
+    assert fields["queue_empty_s"] == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert fields["drain_s"] == pytest.approx(1.0) and fields["drain_steps"] == 2.5  # (1.0, 1.0); (3, 2)
+    assert fields["step_cpu_ms_under_8_rows"] == pytest.approx(6.0)  # median of 7, 5, 6, 6, 9, 4 ms
+    assert fields["step_cpu_ms_56_to_63_rows"] == pytest.approx(30.5)
+    assert cycle_fields(steps, swaps[:1]) == {"step_cpu_ms_under_8_rows": pytest.approx(6.0),
+                                              "step_cpu_ms_56_to_63_rows": pytest.approx(30.5)}
