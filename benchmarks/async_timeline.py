@@ -72,6 +72,20 @@ def install_group_probe() -> None:
     def log(**record: object) -> None:
         EmbeddedEngine._probe_out.write(json.dumps(record, separators=(",", ":")) + "\n")
 
+    # The process's garbage-collection seconds so far (its collections pause every thread): a step
+    # logs the collections that ran inside it.
+    import gc
+
+    gc_s, gc_start = [0.0], [0.0]
+
+    def gc_clock(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_start[0]
+
+    gc.callbacks.append(gc_clock)
+
     def wrap(cls: type, name: str, before, after) -> None:
         original = getattr(cls, name)
 
@@ -86,9 +100,10 @@ def install_group_probe() -> None:
     wrap(EmbeddedEngine, "add_request", lambda e, req: None,
          lambda e, _, t0, r, req: log(e="add", t=t0, id=req.request_id))
     # cpu: the thread's CPU seconds in the call; against t1 - t0 it separates work from waiting for a core.
-    wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting), time.thread_time()),
+    wrap(EmbeddedEngine, "step", lambda e: (len(e._running), len(e._waiting), time.thread_time(), gc_s[0]),
          lambda e, seen, t0, done: log(e="step", t0=t0, t1=time.time(), cpu=time.thread_time() - seen[2],
-                                       running=seen[0], waiting=seen[1], done=[r.request_id for r in done]))
+                                       gc=round(gc_s[0] - seen[3], 6), running=seen[0], waiting=seen[1],
+                                       done=[r.request_id for r in done]))
     # rows, tokens: the running rows and their total length (prompt + generated) at the swap, the
     # prefill the swap's cache recompute does.
     wrap(EmbeddedEngine, "update_weights",
@@ -176,6 +191,7 @@ GROUP_FIELDS = (
     "engine_cpu_per_step_ms", "engine_cpu_share", "swap_cpu_s", "engine_cpu_ms_per_sample",
     "swap_rows", "swap_tokens", "swap_cpu_ms_per_1k_tokens",
     "queue_empty_s", "drain_s", "drain_steps", "step_cpu_ms_under_8_rows", "step_cpu_ms_56_to_63_rows",
+    "step_gc_ms_mean",
 )
 
 
@@ -233,6 +249,8 @@ def cycle_fields(steps: list[dict], swaps: list[dict]) -> dict[str, float]:
         out.update({"queue_empty_s": statistics.median(c[0] for c in cycles),
                     "drain_s": statistics.median(c[1] for c in cycles),
                     "drain_steps": statistics.median(c[2] for c in cycles)})
+    if steps and all("gc" in r for r in steps):  # a probe that logs collections
+        out["step_gc_ms_mean"] = 1e3 * statistics.fmean(r["gc"] for r in steps)
     for name, low, high in (("step_cpu_ms_under_8_rows", 0, 8), ("step_cpu_ms_56_to_63_rows", 56, 64)):
         cpu = [r["cpu"] for r in steps if "cpu" in r and low <= r["running"] < high]
         if cpu:

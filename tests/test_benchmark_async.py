@@ -102,5 +102,7 @@ def test_cycle_fields_split_each_swap_to_swap_cycle_into_queue_and_drain():
     assert fields["drain_s"] == pytest.approx(1.0) and fields["drain_steps"] == 2.5  # (1.0, 1.0); (3, 2)
     assert fields["step_cpu_ms_under_8_rows"] == pytest.approx(6.0)  # median of 7, 5, 6, 6, 9, 4 ms
     assert fields["step_cpu_ms_56_to_63_rows"] == pytest.approx(30.5)
+    gc = cycle_fields([{**r, "gc": g} for r, g in zip(steps, [0.004, 0, 0, 0, 0, 0.002, 0, 0], strict=True)], swaps)
+    assert gc["step_gc_ms_mean"] == pytest.approx(0.75)  # 6 ms of collections over 8 steps
     assert cycle_fields(steps, swaps[:1]) == {"step_cpu_ms_under_8_rows": pytest.approx(6.0),
                                               "step_cpu_ms_56_to_63_rows": pytest.approx(30.5)}
