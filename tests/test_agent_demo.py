@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib.util
-import json
 import re
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from cadence.agents.tool_calls import detect_tool_format
 from cadence.inference.embedded import EmbeddedEngine
 from cadence.inference.hub import InferenceHub
 from cadence.models.loading import load_policy, load_tokenizer, resolve_model_path
+from cadence.observe.metrics import read_jsonl
 from tests.agents.scripted import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def test_the_demo_config_trains_two_steps_and_evaluates_the_agent(tmp_path, monk
     ])
     summary = train(cfg)
     assert summary.eval_before.prompts == 4 and summary.eval_after.prompts == 4
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
     assert steps[-1]["agent/runs_lost_total"] == 0 and steps[-1]["agent/rerender"] == 0
     assert steps[-1]["progress/samples_total"] == 2 * 2 * 4  # 2 steps of 2 problems x 4 runs, one sample each

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -24,7 +23,7 @@ def test_a_user_environment_trains_with_env_name_and_nothing_else(alpha, tmp_pat
     summary = train(cfg)
     assert summary.eval_before is not None and summary.eval_after is not None
     assert summary.eval_before.prompts == 4
-    records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2, 3]
     last = steps[-1]
@@ -57,7 +56,7 @@ QUICK_AGENT = [
 def test_every_loss_asyppo_and_rhythm_credit_train_on_episodes(overrides, tmp_path):
     cfg = load_config(None, [*QUICK_AGENT, "rollout.async_ratio=1", f"logging.run_dir={tmp_path}/run", *overrides])
     summary = train(cfg)
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["train/grad_norm"] > 0 for r in steps)  # the model's tokens carried gradient
 
@@ -66,7 +65,7 @@ def test_an_agentic_run_resumes_from_its_checkpoint(tmp_path):
     run = [*QUICK_AGENT, "checkpoint.every=1", f"logging.run_dir={tmp_path}/run"]
     train(load_config(None, [*run, "trainer.steps=1"]))
     summary = train(load_config(None, [*run, "trainer.steps=2"]), resume=True, allow_change=["trainer.steps"])
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
     assert (summary.run_dir / "checkpoints" / "step_2").exists()
 
@@ -76,6 +75,6 @@ def test_episodes_run_in_ray_rollout_workers(tmp_path):
     cfg = load_config(None, [*QUICK_AGENT, "runtime.kind=ray", "runtime.rollout_workers=2",
                              "rollout.async_ratio=1", f"logging.run_dir={tmp_path}/run"])
     summary = train(cfg)
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[-1]["rollout/episodes_total"] >= 32  # both workers' episodes, summed

@@ -3,8 +3,6 @@ reward to the per-turn estimators, and `cadence train` runs a few steps with eac
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from cadence.algo.config import AlgorithmConfig
 from cadence.assemble import ConfiguredRolloutWorker
 from cadence.config import ConfigError, TrainerConfig, load_config
 from cadence.models.tiny import tiny_model
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.sample import Group, Sample
 from cadence.rollout.turns import ChatTurns
@@ -43,7 +42,7 @@ def test_the_trainer_hands_each_turns_reward_to_a_per_turn_estimator():
 
 
 def _steps(summary) -> list[dict]:
-    return [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(summary.run_dir / "metrics.jsonl")
 
 
 @pytest.mark.parametrize(

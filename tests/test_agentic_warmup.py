@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -14,6 +13,7 @@ from cadence.envs.frozenlake import FrozenLakeEnv
 from cadence.envs.sokoban import SokobanEnv
 from cadence.models.loading import model_path_problem, resolve_model_path
 from cadence.models.tiny import char_tokenizer
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.sft import encode_episodes, encode_turns, load_sft_config, sft
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.turns import PlainTurns
@@ -115,7 +115,7 @@ def test_the_shipped_frozenlake_model_trains_from_the_example_and_is_evaluated(t
     summary = train(cfg)
     assert summary.eval_before.prompts == 8 and summary.eval_after.prompts == 8
     assert summary.eval_before.pass_at_1 > 0  # the warm-up already solves some held-out maps
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
     assert steps[-1]["progress/samples_total"] == 2 * 2 * 4  # 2 steps of 2 maps x 4 episodes
     assert steps[-1]["rollout/turns_per_episode"] >= 1

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.rollout.worker import worker_quotas
 from tests.quick_run import QUICK_RUN
@@ -16,7 +16,7 @@ QUICK = [*QUICK_RUN, "checkpoint.every=0"]
 
 
 def records(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def test_worker_quotas_cover_the_batch():

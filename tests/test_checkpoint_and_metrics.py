@@ -43,6 +43,15 @@ def test_truncate_drops_later_steps_and_torn_lines(tmp_path):
     assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]
 
 
+def test_a_log_being_written_reads_as_its_whole_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert read_jsonl(path) == []
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "rew')  # the writer is mid-line
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"step": 2}')  # a last line not yet ended is not a record yet
+    assert [r["step"] for r in read_jsonl(path)] == [1]
+
+
 def test_logger_appends_after_resume(tmp_path):
     log = MetricsLogger(tmp_path, {}, tensorboard=True)
     for s in (1, 2, 3):

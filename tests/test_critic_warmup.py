@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from cadence.algo.config import AlgorithmConfig
 from cadence.config import TrainerConfig, load_config
 from cadence.models.tiny import tiny_model
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.train.trainer import PolicyTrainer
 from tests.quick_run import QUICK_RUN
@@ -43,7 +42,7 @@ def test_a_warm_up_run_keeps_generating_and_tags_samples_with_unchanged_versions
         "rollout.async_ratio=0", f"logging.run_dir={tmp_path}/run",
     ])
     summary = train(cfg)
-    records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert max(r["train/staleness_max"] for r in records) == 0
     # Steps 1-2 trained only the critics (no policy loss); version 0 served all of them.

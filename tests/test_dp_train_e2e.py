@@ -3,7 +3,6 @@ transformers loads, logs the weight-sync time, and resumes with one rank."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.train.checkpoint import SHARDED_DIR, load_state
 from tests.quick_run import QUICK_RUN
@@ -31,7 +31,7 @@ def test_cadence_train_with_two_fsdp_ranks_then_resume_with_one(tmp_path):
     step_3 = run / "checkpoints" / "step_3"
     model = AutoModelForCausalLM.from_pretrained(step_3)  # the HF export: plain transformers
     assert (step_3 / SHARDED_DIR).is_dir() and "optimizer" not in load_state(step_3)["trainer"]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["perf/weight_sync_s"] > 0 for r in records)
 

@@ -21,6 +21,7 @@ import torch
 from cadence.algo import advantages, kl, losses
 from cadence.algo.config import AlgorithmConfig
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.train.batch import collate, flatten
 from cadence.train.logprobs import batched_logprobs
@@ -85,7 +86,7 @@ def assert_moves_towards_reward(seen: list[Update], steps: int) -> None:
 
 
 def records(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("loss", losses.names())

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -46,7 +47,7 @@ def test_qwen2_folder_trains_and_checkpoint_loads_in_plain_transformers(tiny_qwe
         if not torch.equal(a, b)
     ]
     assert changed, "training left every weight unchanged"
-    records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     for key in ("reward/mean", "reward/accuracy", "response/length_mean", "train/loss", "train/entropy",
                 "train/grad_norm", "perf/samples_per_s", "perf/tokens_per_s", "time/step"):

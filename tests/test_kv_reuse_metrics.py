@@ -3,12 +3,11 @@ run's per-step metrics."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from cadence.config import load_config
 from cadence.inference.prefix_reuse import reuse_metrics
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -38,7 +37,7 @@ def test_reuse_metrics_from_embedded_and_vllm_counters():
 def test_an_agentic_run_logs_the_prefill_its_kept_kv_saved(keep, tmp_path):
     cfg = load_config(None, [*AGENT, f"rollout.engine.keep_kv_between_turns={keep}", f"logging.run_dir={tmp_path}/run"])
     summary = train(cfg)
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
     last = steps[-1]
     assert last["rollout/prompt_tokens_total"] > 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from typer.testing import CliRunner
 
 from cadence.cli import app
 from cadence.models.loading import resolve_model_path
+from cadence.observe.metrics import read_jsonl
 from tests.quick_run import QUICK_RUN
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def cadence(*args: str) -> str:
 
 
 def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def test_lora_trains_with_kl_async_and_asyppo_critics_resumes_and_exports(tmp_path):

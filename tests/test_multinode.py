@@ -5,7 +5,6 @@ mid-run costs a restart of its actor elsewhere, and every step is logged exactly
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cadence.config import ConfigError, load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.runtime.cluster import RoleRequest, check_fit, pack, rank_gpus
 from tests.quick_run import QUICK_RUN
 
@@ -53,9 +53,7 @@ def test_a_cuda_trainer_asks_one_gpu_per_rank_unless_trainer_gpus_says():
 
 def _records(run: Path) -> list[dict]:
     """The run's metrics log so far: whole lines only, as the trainer may be writing one."""
-    path = run / "metrics.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 @pytest.fixture(scope="module")

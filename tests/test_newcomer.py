@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from cadence.cli import app, eval_notes
 from cadence.config import ConfigError, load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.observe.report import curve_series
 from cadence.observe.reward_errors import RewardErrorReport, RewardFunctionError
 from cadence.recipes.evaluate import run_eval
@@ -158,7 +159,7 @@ def test_eval_results_go_to_metrics_tensorboard_and_summary(tmp_path):
     overrides = [*QUICK_RUN, "trainer.steps=2", "eval.before=true", "eval.after=true", "eval.every=1",
                  "logging.tensorboard=true", f"logging.run_dir={run}"]
     result = train(load_config(None, overrides))
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[0]["eval/pass@1"] == result.eval_before.pass_at_1
     assert all("eval/pass@1" in r for r in records[1:])

@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from cadence.config import ConfigError, load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import prepare_run_dir, train
 from cadence.train.resume import check_resume_config, config_changes, split_allow
 from tests.quick_run import QUICK_RUN
@@ -30,7 +31,7 @@ COMPARED = ("reward/mean", "response/length_mean", "train/loss", "train/grad_nor
 
 
 def _records(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def _cadence(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -69,7 +70,7 @@ def test_sync_resume_after_sigkill_is_bit_identical(tmp_path):
     steps_a = [json.loads(x)["step"] for x in (whole / "samples.jsonl").read_text().splitlines()]
     steps_b = [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()]
     assert steps_b == steps_a and sorted(set(steps_a)) == list(range(1, 7))
-    staleness = [json.loads(x) for x in (run / "events" / "trainer.jsonl").read_text().splitlines()]
+    staleness = read_jsonl(run / "events" / "trainer.jsonl")
     assert [e["step"] for e in staleness if e.get("kind") == "staleness"] == list(range(1, 7))
     wa = load_file(whole / "checkpoints" / "step_6" / "model.safetensors")
     wb = load_file(run / "checkpoints" / "step_6" / "model.safetensors")

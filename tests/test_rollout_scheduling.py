@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from cadence.inference.hub import InferenceHub
 from cadence.inference.mock import MockEngine
 from cadence.inference.types import SamplingParams
 from cadence.models.loading import load_tokenizer
+from cadence.observe.metrics import read_jsonl
 from cadence.rollout.prompts import PromptStream
 from cadence.rollout.render import PromptRenderer
 from cadence.rollout.rlvr import GuardScorer, RLVRProducer, keeps
@@ -446,7 +446,7 @@ def test_the_rollout_timeline_spans_each_weight_swap_itself(mock_worker, tmp_pat
     _train(worker, range(4))
     worker.get_batch(4)
     worker.timeline.close()
-    spans = [json.loads(x) for x in (tmp_path / "events" / "rollout-0.jsonl").read_text().splitlines()]
+    spans = read_jsonl(tmp_path / "events" / "rollout-0.jsonl")
     synced = [(s["t0"], s["t1"]) for s in spans if s.get("state") == "weight_sync"]
     assert len(synced) == len(swaps) >= 1  # pushes queued before a swap go in as one: the newest
     for (t0, t1), (s0, s1) in zip(synced, swaps, strict=True):

@@ -15,6 +15,7 @@ import torch
 from cadence.config import EvalConfig
 from cadence.models.tiny import char_tokenizer, tiny_model
 from cadence.observe.config import LoggingConfig
+from cadence.observe.metrics import read_jsonl
 from cadence.observe.reward_errors import RewardFunctionError
 from cadence.observe.run_status import RunStatus
 from cadence.observe.step_report import StepReport
@@ -217,7 +218,7 @@ def test_step_report_measures_the_batch_and_counts_the_run(tmp_path):
     report.stepped(2, [_group([1.0], [2])], {})
     assert report.trace.status.step == 1  # what a Ctrl-C now reports: step 2's metrics are not written yet
     assert 0 <= report.close() <= time.perf_counter() - began
-    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in logged] == [1] and logged[0]["reward/mean"] == 0.75
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 
 from cadence.config import load_config
 from cadence.envs.sokoban import SokobanEnv
 from cadence.models.loading import model_path_problem, resolve_model_path
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 
 EXAMPLE, WARM_UP = "examples/sokoban.yaml", "cadence/configs/sft_sokoban.yaml"
@@ -48,7 +47,7 @@ def test_the_shipped_sokoban_model_trains_from_the_example_and_is_evaluated(tmp_
     ])
     summary = train(cfg)
     assert summary.eval_before.prompts == 8 and summary.eval_after.prompts == 8
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
     assert steps[-1]["progress/samples_total"] == 2 * 2 * 4  # 2 steps of 2 rooms x 4 episodes
     assert steps[-1]["rollout/turns_per_episode"] >= 1

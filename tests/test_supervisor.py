@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.runtime import supervisor
 from cadence.runtime.actors import died_error
 from tests.quick_run import QUICK_RUN
@@ -114,9 +115,7 @@ def ray_head():
 
 def _steps(run: Path) -> list[int]:
     """The steps of the run's metrics log so far: whole lines only, as the trainer may be writing one."""
-    path = run / "metrics.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(x)["step"] for x in text[: text.rfind("\n") + 1].splitlines()]
+    return [record["step"] for record in read_jsonl(run / "metrics.jsonl")]
 
 
 def _trainer(sup: psutil.Process) -> psutil.Process | None:

@@ -29,9 +29,10 @@ def truncate_jsonl(path: Path, last_step: int, keep: Callable[[dict], bool] | No
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a JSONL log so far: whole lines only, so a log its writer is still
+    appending to reads without a half-written last record."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 class MetricsLogger:

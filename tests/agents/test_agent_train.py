@@ -13,6 +13,7 @@ import pytest
 
 from cadence.assemble import agent_tasks
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -71,7 +72,7 @@ def cadence_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def steps(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.slow

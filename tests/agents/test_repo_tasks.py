@@ -20,6 +20,7 @@ from cadence.config import load_config
 from cadence.data.build import build_task
 from cadence.data.config import TaskConfig
 from cadence.data.repo_bugs import BUGS, CANARY_SEED, canary_rows, make_task
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.agents.repo_task import needs_sandbox
 from tests.quick_run import QUICK_RUN
@@ -122,7 +123,7 @@ def test_the_example_trains_two_steps_with_its_bash_agent_over_http(tmp_path, mo
         f"logging.run_dir={tmp_path}/run",
     ])
     summary = train(cfg)
-    records = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if r["step"] > 0] == [1, 2]
     last = records[-1]
     assert last["agent/runs_lost_total"] == 0  # every run reached its sandbox over HTTP and was graded

@@ -5,11 +5,10 @@ canaries are counted."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.agents.repo_task import CANARY_HIDDEN, make_repo, needs_sandbox, task_row, write_rows
 from tests.quick_run import QUICK_RUN
@@ -81,7 +80,7 @@ def test_two_steps_with_agents_working_in_their_task_sandbox_by_handle_and_over_
         f"agent.canaries.path={canaries}", "agent.canaries.every=2", "trainer.steps=2", f"logging.run_dir={run_dir}",
     ])
     train(cfg)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     last = records[-1]
     assert last["agent/runs_lost_total"] == 0 and last["agent/grader_graded_total"] >= 8

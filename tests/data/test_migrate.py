@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -98,7 +99,7 @@ def test_a_migrate_command_trains_two_steps(command, tmp_path, monkeypatch):
     args = shlex.split(os.path.expandvars(command))[2:]
     cfg = load_config(None, [*args, *SMALL, f"logging.run_dir={tmp_path / 'run'}"])
     summary = train(cfg)
-    records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if "time/step" in r] == [1, 2]
     prompt = json.loads((summary.run_dir / "samples.jsonl").read_text().splitlines()[0])["prompt"]
     assert prompt.startswith("<|im_start|>user\nWhat is ")  # text or messages, through the chat template

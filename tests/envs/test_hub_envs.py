@@ -20,6 +20,7 @@ from cadence.cli import app
 from cadence.config import ConfigError, load_config
 from cadence.envs import EnvConfig, EnvRunner
 from cadence.envs.hubs import HUBS
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -29,7 +30,7 @@ def train_two_steps(tmp_path, *env: str) -> list[dict]:
     cfg = load_config(None, [*QUICK_RUN, *env, "env.max_turns=2", "rollout.max_new_tokens=8",
                              "trainer.steps=2", f"logging.run_dir={tmp_path}/run"])
     summary = train(cfg)
-    records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[-1]["rollout/episodes_total"] >= 2 * 16 and steps[-1]["progress/samples_total"] == 32
@@ -375,7 +376,7 @@ def test_verifiers_environment_trains_two_steps_through_the_agent_endpoint(vf_su
     cfg = load_config(None, [*QUICK_RUN, *VERIFIERS_AGENT, f"agent.kwargs.env={vf_sums}", "trainer.steps=2",
                              f"logging.run_dir={tmp_path}/run"])
     summary = train(cfg)
-    records = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(summary.run_dir / "metrics.jsonl")
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     # every episode's harness program reached the model through verifiers' interception and

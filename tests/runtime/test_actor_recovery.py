@@ -10,7 +10,6 @@ mid-run at a known point however busy the machine is."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from cadence.runtime.actors import ActorDiedError
 from cadence.runtime.hosted import RemoteCredit, RemoteCritics
@@ -28,7 +28,7 @@ COMMON = [*QUICK_RUN, "trainer.steps=3", "runtime.kind=ray", "runtime.rollout_cp
 
 
 def _records(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def _kill_before_call(monkeypatch, cls: type, method: str, call: int, killed: list[int]) -> None:
@@ -68,7 +68,7 @@ def test_dead_actor_attn_is_replaced_in_place_and_the_run_goes_on(tmp_path, ray_
     train(cfg)
     assert killed == [2]
     assert [r["step"] for r in _records(run)] == [1, 2, 3]  # no step lost or repeated: the run never stopped
-    (entry,) = [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
+    (entry,) = read_jsonl(run / "restarts.jsonl")
     assert entry["role"] == "actor_attn" and entry["restart"] == 1 and "gammas" in entry["cause"]
     assert all(r["rhythm/attention_seconds"] > 0 for r in _records(run))  # the replacement computed steps 2, 3
 

@@ -3,12 +3,12 @@ transport and its recovery are exercised end to end by test_actor_recovery / tes
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
 import pytest
 
+from cadence.observe.metrics import read_jsonl
 from cadence.runtime.actors import (
     ActorDiedError,
     Local,
@@ -63,6 +63,6 @@ def test_recovery_records_each_restart_and_allows_no_more_than_its_limit(tmp_pat
     recovery.record("rollout worker 1", "get_batch: died", {"worker": 1})
     with pytest.raises(ActorDiedError, match=r"after 1 restart\(s\) of rollout actors; runtime.actor_restarts=1"):
         recovery.allow("rollout worker 0", "metrics: died")
-    (entry,) = [json.loads(x) for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
+    (entry,) = read_jsonl(tmp_path / "restarts.jsonl")
     assert entry["role"] == "rollout" and entry["worker"] == 1 and entry["restart"] == 1
     Recovery("actor_attn", max_restarts=-1).allow("actor_attn actor", "no limit")

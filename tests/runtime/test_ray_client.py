@@ -3,13 +3,13 @@ client server (a separate raylet and GCS on this machine), as on a remote cluste
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
 import pytest
 
 from cadence.config import load_config
+from cadence.observe.metrics import read_jsonl
 from cadence.recipes.train_rlvr import train
 from tests.quick_run import QUICK_RUN
 
@@ -48,6 +48,6 @@ def test_a_run_trains_through_ray_client(tmp_path):
     finally:
         ray.shutdown()
         head.shutdown()
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "metrics.jsonl")
     assert [s["step"] for s in steps] == [1, 2]
     assert 0 < steps[0]["progress/samples_total"] < steps[1]["progress/samples_total"]  # each step trained samples

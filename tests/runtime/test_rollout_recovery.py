@@ -4,12 +4,11 @@ is generated again), and the replacement is recorded in restarts.jsonl."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from cadence.config import load_config
 from cadence.models.loading import load_policy
+from cadence.observe.metrics import read_jsonl
 from tests.quick_run import QUICK_RUN
 
 
@@ -45,5 +44,5 @@ def test_dead_worker_comes_back_with_weights_and_prompt_position(local_ray, tmp_
         assert group.state_dict()[0]["swaps"] == 2  # admission clock: one push per step, as before
     finally:
         group.close()
-    (entry,) = [json.loads(x) for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
+    (entry,) = read_jsonl(tmp_path / "restarts.jsonl")
     assert entry["role"] == "rollout" and entry["worker"] == 0 and "get_batch" in entry["cause"]

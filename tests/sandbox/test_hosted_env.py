@@ -8,6 +8,7 @@ import os
 import pytest
 
 from cadence.envs.contract import TextEnv
+from cadence.observe.metrics import read_jsonl
 from cadence.sandbox import SandboxDied, SandboxError
 from cadence.sandbox.hosted_env import HostedEnv
 from tests.sandbox.conftest import needs_bwrap
@@ -197,7 +198,6 @@ def test_agentic_training_steps_hosted_environments_through_the_service(service,
     """`cadence train` with env.name=python:cadence.sandbox.hosted_env:HostedEnv: every reset and
     step of the rollout goes over HTTP into a sandbox (the registry's frozenlake, and a user file
     that imports numpy)."""
-    import json
 
     from cadence.config import load_config
     from cadence.recipes.train_rlvr import train
@@ -217,7 +217,7 @@ def test_agentic_training_steps_hosted_environments_through_the_service(service,
     ])
     made_before = _envs_made(url, token)
     summary = train(cfg)
-    steps = [json.loads(x) for x in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in steps if r["step"] > 0] == [1, 2]
     last = steps[-1]
     assert last["rollout/episodes_total"] >= 2 * 4 and last["rollout/turns_per_episode"] == 2
