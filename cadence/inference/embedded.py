@@ -52,7 +52,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from cadence.inference.endings import eos_ids, finish_reason, first_int, response_text, stop_window
 from cadence.inference.prefix_reuse import CachedPrefix, RetainedContexts, prefill_groups
 from cadence.inference.sampling import sample, token_logprobs
-from cadence.inference.slot_batch import SlotBatch
+from cadence.inference.slot_batch import SlotBatch, recompute_groups
 from cadence.inference.types import (
     FinishReason,
     GenRequest,
@@ -92,8 +92,12 @@ class EmbeddedEngine:
         self.static_batching = static_batching
         self.keep_kv = keep_kv  # keep finished requests' KV for their cache_key's next turn
         self.version = 0
-        # Padded tokens per forward when a weight swap recomputes running rows' caches.
+        # A weight swap recomputes running rows' caches in forwards of rows of similar length:
+        # at most this many padded tokens per forward, ...
         self.recompute_chunk_tokens = 1 << 15
+        # ... each forward costing as much as this many more tokens (measured on CPU for the
+        # built-in model: a 1-token forward costs ~3.3 ms, a token in a long one ~0.06 ms).
+        self.recompute_forward_tokens = 64
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -119,6 +123,8 @@ class EmbeddedEngine:
             "requests_finished": 0,
             "recomputes": 0,  # weight swaps that rebuilt running rows' caches
             "recomputed_tokens": 0,
+            "recompute_forwards": 0,
+            "recompute_padded_tokens": 0,  # recomputed_tokens plus the padding of their forwards
             "recompute_s": 0.0,
             "busy_s": 0.0,
         }
@@ -315,24 +321,28 @@ class EmbeddedEngine:
         """Rebuild the cache of every running row under the current weights (after a swap).
 
         Batched prefills of prompt + response so far, minus the last sampled
-        token (the next step's input, as always), into slots 0..n-1 in
-        admission order; the old cache and its holes are dropped. Rows go in
-        chunks of at most `recompute_chunk_tokens` padded tokens (see
-        `SlotBatch.refill`).
+        token (the next step's input, as always), into slots 0..n-1; the old
+        cache and its holes are dropped. Rows of similar length share a
+        forward (`recompute_groups`), so a short row is not padded to the
+        longest running one; sampling keeps admission order (`_sampling_order`).
         """
         seqs = self._running
         if not seqs:
             return
         start = time.perf_counter()
         contexts = [seq.req.prompt_ids + seq.tokens[:-1] for seq in seqs]
-        slots = self._batch.refill(contexts, self.recompute_chunk_tokens)
+        lengths = [len(c) for c in contexts]
+        groups = recompute_groups(lengths, self.recompute_chunk_tokens, self.recompute_forward_tokens)
+        slots = self._batch.refill(contexts, groups)
         for seq, slot in zip(seqs, slots, strict=True):
             seq.slot = slot
         last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
         self._batch.inputs.set(slots, last, [len(c) for c in contexts], [seq.req.params for seq in seqs])
         self._order_stale = True
         self._stats["recomputes"] += 1
-        self._stats["recomputed_tokens"] += sum(len(c) for c in contexts)
+        self._stats["recomputed_tokens"] += sum(lengths)
+        self._stats["recompute_forwards"] += len(groups)
+        self._stats["recompute_padded_tokens"] += sum(len(g) * max(lengths[i] for i in g) for g in groups)
         self._stats["recompute_s"] += time.perf_counter() - start
 
     def _release(self, rows: list[int]) -> None:

@@ -109,25 +109,21 @@ class SlotBatch:
             )
         return out.logits[:, -1], sum(min(n, new) for n in lengths)
 
-    def refill(self, contexts: list[list[int]], chunk_tokens: int) -> list[int]:
-        """Drop every slot and fill `contexts` into slots 0..n-1 (a weight swap's recompute).
+    def refill(self, contexts: list[list[int]], groups: list[list[int]]) -> list[int]:
+        """Drop every slot and fill `contexts` back, one forward per group (a weight swap's recompute).
 
-        Rows go in chunks of at most `chunk_tokens` padded tokens (at least one
-        row each), so many long contexts do not need one forward over all of
-        them at once. Returns the slots, in `contexts` order.
+        `groups` (indices into `contexts`, from `recompute_groups`) go in order,
+        each into the next free slots. Returns the slots, in `contexts` order.
         """
         self.clear()
-        slots = list(range(len(contexts)))
-        first = 0
-        while first < len(contexts):
-            end, width = first + 1, len(contexts[first])
-            while end < len(contexts):
-                wider = max(width, len(contexts[end]))
-                if (end + 1 - first) * wider > chunk_tokens:
-                    break
-                end, width = end + 1, wider
-            self.fill(contexts[first:end], slots[first:end])
-            first = end
+        slots = [0] * len(contexts)
+        free = 0
+        for group in groups:
+            group_slots = list(range(free, free + len(group)))
+            self.fill([contexts[i] for i in group], group_slots)
+            for i, slot in zip(group, group_slots, strict=True):
+                slots[i] = slot
+            free += len(group)
         return slots
 
     def clear(self) -> None:
@@ -172,3 +168,31 @@ class SlotBatch:
         self.cache.truncate(rows)
         self.holes = holes
         return list(zip(src, dst, strict=True))
+
+
+def recompute_groups(lengths: list[int], max_tokens: int, forward_tokens: int) -> list[list[int]]:
+    """Rows (indices into `lengths`) grouped into forwards for a recompute, widest group first.
+
+    A forward pads its rows to the longest, so rows are grouped by length:
+    sorted, then cut into runs that minimise the padded tokens plus
+    `forward_tokens` for each forward (its fixed cost, in tokens), with at most
+    `max_tokens` padded tokens in a forward (at least one row). An exact
+    dynamic programme over the sorted lengths: O(rows^2), rows <= the batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    cost = [0] + [float("inf")] * len(order)  # cost[j]: the first j sorted rows, grouped best
+    start = [0] * (len(order) + 1)  # where the last group of that best grouping starts
+    for end in range(1, len(order) + 1):
+        width = lengths[order[end - 1]]  # sorted: the group's last row is its widest
+        for first in range(end - 1, -1, -1):
+            if end - first > 1 and (end - first) * width > max_tokens:
+                break
+            c = cost[first] + (end - first) * width + forward_tokens
+            if c < cost[end]:
+                cost[end], start[end] = c, first
+    groups = []
+    end = len(order)
+    while end:
+        groups.append(order[start[end] : end])
+        end = start[end]
+    return groups  # widest first: the first forward sets the window the narrower ones fit in

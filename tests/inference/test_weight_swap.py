@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cadence.inference import kv_cache
 from cadence.inference.embedded import EmbeddedEngine
+from cadence.inference.slot_batch import recompute_groups
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
 
 PROMPTS = ["hello", "the quick brown fox jumps", "a", "1+1=", "Once upon a time, in a land far"]
@@ -54,10 +55,11 @@ def teacher_forced(model, res: GenResult, temperature: float) -> torch.Tensor:
 
 
 def swap_mid_flight(
-    old, new, tok, temperature: float, chunk_tokens: int = 1 << 15
-) -> tuple[dict[str, GenResult], dict[str, int]]:
+    old, new, tok, temperature: float, chunk_tokens: int = 1 << 15, forward_tokens: int = 64
+) -> tuple[dict[str, GenResult], dict[str, int], dict]:
     """Requests join at different steps; at the swap one has finished (its slot is a hole), three
-    run, two wait for a slot. Returns the results and how many tokens each request had at the swap.
+    run, two wait for a slot. Returns the results, how many tokens each request had at the swap
+    and the engine's stats.
     """
     params = SamplingParams(max_new_tokens=16, temperature=temperature, ignore_eos=True)
     plan = {  # step -> (request id, prompt, params)
@@ -69,6 +71,7 @@ def swap_mid_flight(
     }
     engine = EmbeddedEngine(copy.deepcopy(old), tok, max_batch_size=4, seed=1)  # loads in place
     engine.recompute_chunk_tokens = chunk_tokens
+    engine.recompute_forward_tokens = forward_tokens
     results: dict[str, GenResult] = {}
     at_swap: dict[str, int] = {}
     step = 0
@@ -81,16 +84,19 @@ def swap_mid_flight(
             engine.update_weights(new.state_dict(), version=1)
         results.update({r.request_id: r for r in engine.step()})
         step += 1
-    return results, at_swap
+    return results, at_swap, engine.stats()
 
 
 @pytest.mark.parametrize(
-    ("temperature", "chunk_tokens"),
-    [(1.0, 1 << 15), (0.7, 1 << 15), (0.7, 40)],  # 40: one row per recompute forward
+    ("temperature", "chunk_tokens", "forward_tokens"),
+    # 40: one row per recompute forward; forward_tokens=0: a forward per length, shortest rows
+    # in the last slots (not in admission order)
+    [(1.0, 1 << 15, 64), (0.7, 1 << 15, 64), (0.7, 40, 64), (0.7, 1 << 15, 0)],
 )
-def test_tokens_after_a_swap_have_the_new_weights_log_probs(models, temperature, chunk_tokens):
+def test_tokens_after_a_swap_have_the_new_weights_log_probs(models, temperature, chunk_tokens, forward_tokens):
     old, new, tok = models
-    results, at_swap = swap_mid_flight(old, new, tok, temperature, chunk_tokens)
+    results, at_swap, stats = swap_mid_flight(old, new, tok, temperature, chunk_tokens, forward_tokens)
+    assert stats["recompute_forwards"] == {40: 3, 0: 3}.get(min(chunk_tokens, forward_tokens), 1)
     # The scenario: one finished before the swap, three straddle it, two start after it.
     assert at_swap == {"r0": 6, "r1": 6, "short": 5, "nucleus": 4}
     for rid, res in results.items():
@@ -110,7 +116,7 @@ def test_a_stale_cache_would_give_log_probs_of_no_policy(models, monkeypatch):
     """
     old, new, tok = models
     monkeypatch.setattr(EmbeddedEngine, "_recompute_cache", lambda self: None)
-    results, at_swap = swap_mid_flight(old, new, tok, 1.0)
+    results, at_swap, _ = swap_mid_flight(old, new, tok, 1.0)
     res, k = results["r1"], at_swap["r1"]
     mu = torch.tensor(res.logprobs)
     assert (mu[k:] - teacher_forced(new, res, 1.0)[k:]).abs().max() > 1e-3
@@ -130,3 +136,15 @@ def test_the_swap_is_counted_and_an_idle_swap_recomputes_nothing(models):
     stats = engine.stats()
     # The cache holds the prompt and the first response token (the second is the next input).
     assert (stats["recomputes"], stats["recomputed_tokens"]) == (1, len(prompt) + 1)
+
+
+def test_recompute_groups_rows_of_similar_length_widest_first():
+    # sorted lengths 3, 4, 10, 11 (indices 2, 0, 3, 1): one forward pads to 4 x 11 = 44 tokens;
+    # two forwards, (3, 4) and (10, 11), cost 8 + 22 padded tokens plus a forward's fixed cost
+    lengths = [4, 11, 3, 10]
+    assert recompute_groups(lengths, 1 << 15, forward_tokens=100) == [[2, 0, 3, 1]]
+    assert recompute_groups(lengths, 1 << 15, forward_tokens=10) == [[3, 1], [2, 0]]  # 30 + 20 < 44 + 10
+    assert recompute_groups(lengths, 1 << 15, forward_tokens=0) == [[1], [3], [0], [2]]
+    assert recompute_groups(lengths, 21, forward_tokens=100) == [[1], [3], [2, 0]]  # <= 21 padded tokens
+    assert recompute_groups([50], 8, forward_tokens=0) == [[0]]  # a row wider than the bound goes alone
+    assert recompute_groups([], 8, forward_tokens=0) == []
