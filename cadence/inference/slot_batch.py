@@ -188,7 +188,7 @@ def recompute_groups(lengths: list[int], max_tokens: int, forward_tokens: int) -
             if end - first > 1 and (end - first) * width > max_tokens:
                 break
             c = cost[first] + (end - first) * width + forward_tokens
-            if c < cost[end]:
+            if c <= cost[end]:  # on a tie the longer last group: fewer forwards
                 cost[end], start[end] = c, first
     groups = []
     end = len(order)

@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cadence.inference import kv_cache
 from cadence.inference.embedded import EmbeddedEngine
-from cadence.inference.slot_batch import recompute_groups
 from cadence.inference.types import GenRequest, GenResult, SamplingParams
 
 PROMPTS = ["hello", "the quick brown fox jumps", "a", "1+1=", "Once upon a time, in a land far"]
@@ -137,14 +136,3 @@ def test_the_swap_is_counted_and_an_idle_swap_recomputes_nothing(models):
     # The cache holds the prompt and the first response token (the second is the next input).
     assert (stats["recomputes"], stats["recomputed_tokens"]) == (1, len(prompt) + 1)
 
-
-def test_recompute_groups_rows_of_similar_length_widest_first():
-    # sorted lengths 3, 4, 10, 11 (indices 2, 0, 3, 1): one forward pads to 4 x 11 = 44 tokens;
-    # two forwards, (3, 4) and (10, 11), cost 8 + 22 padded tokens plus a forward's fixed cost
-    lengths = [4, 11, 3, 10]
-    assert recompute_groups(lengths, 1 << 15, forward_tokens=100) == [[2, 0, 3, 1]]
-    assert recompute_groups(lengths, 1 << 15, forward_tokens=10) == [[3, 1], [2, 0]]  # 30 + 20 < 44 + 10
-    assert recompute_groups(lengths, 1 << 15, forward_tokens=0) == [[1], [3], [0], [2]]
-    assert recompute_groups(lengths, 21, forward_tokens=100) == [[1], [3], [2, 0]]  # <= 21 padded tokens
-    assert recompute_groups([50], 8, forward_tokens=0) == [[0]]  # a row wider than the bound goes alone
-    assert recompute_groups([], 8, forward_tokens=0) == []
