@@ -337,7 +337,7 @@ class EmbeddedEngine:
         for seq, slot in zip(seqs, slots, strict=True):
             seq.slot = slot
         last = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
-        self._batch.inputs.set(slots, last, [len(c) for c in contexts], [seq.req.params for seq in seqs])
+        self._batch.inputs.set(slots, last, lengths, [seq.req.params for seq in seqs])
         self._order_stale = True
         self._stats["recomputes"] += 1
         self._stats["recomputed_tokens"] += sum(lengths)
